@@ -1,0 +1,5 @@
+import sys
+
+from gradcomp.cli import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""Analyses that turn op outputs, theory and run artefacts into tables."""

@@ -1,0 +1,87 @@
+"""`gradcomp <verb>` (also `python -m gradcomp <verb>`): the entry point every pipeline rule calls."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from gradcomp import __version__
+from gradcomp._backend import interpreter_enabled, triton_available
+from gradcomp.analysis.tables import write_table
+
+
+def _info(args: argparse.Namespace) -> None:
+    cuda = torch.cuda.is_available()
+    print(f"gradcomp {__version__}, torch {torch.__version__}")
+    print(f"CUDA available: {cuda}" + (f" ({torch.cuda.get_device_name()})" if cuda else ""))
+    print(f"triton importable: {triton_available()}; TRITON_INTERPRET: {interpreter_enabled()}")
+    route = "Triton kernels" if cuda and triton_available() else "vectorised torch (no CUDA device)"
+    print(f"ops on CUDA tensors run: {route}; ops on CPU tensors run: vectorised torch")
+
+
+def _theory(args: argparse.Namespace) -> None:
+    from gradcomp import fp_theory
+
+    switch_rows, mse_rows = [], []
+    jobs = [(bits, kind) for bits in args.bits for kind in args.kinds]
+    for bits, kind in tqdm(jobs, desc="FP theory", unit="format family"):
+        for exp_bits, sigma in fp_theory.switch_points(bits, kind, sigma_max=args.sigma_max).items():
+            switch_rows.append({"bits": bits, "grid": kind, "exp_bits": exp_bits, "from_sigma_log2": sigma})
+        sigmas = torch.tensor(args.sigmas, dtype=torch.float64)
+        for exp_bits, mse in fp_theory.mse_by_exp_bits(bits, sigmas, kind).items():
+            for sigma, value in zip(args.sigmas, mse.tolist(), strict=True):
+                mse_rows.append(
+                    {"bits": bits, "grid": kind, "sigma_log2": sigma, "exp_bits": exp_bits, "relative_mse": value}
+                )
+    out = Path(args.out)
+    write_table(switch_rows, out.with_name(out.name + "_switch_points"),
+                "Sigma (log2) from which E exponent bits minimise the relative MSE at the optimal scale")
+    write_table(mse_rows, out.with_name(out.name + "_relative_mse"),
+                "Relative quantization MSE of a lognormal at the MSE-optimal scale")
+
+
+def _sparsity(args: argparse.Namespace) -> None:
+    from gradcomp.analysis.synthetic import achieved_sparsity_rows
+
+    rows = achieved_sparsity_rows(args.sigmas, args.targets, args.zero_fractions, args.numel, args.seed)
+    write_table(rows, args.out, "Target vs achieved sparsity of stochastic pruning on synthetic lognormal gradients")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="gradcomp", description=__doc__)
+    parser.add_argument("--version", action="version", version=f"gradcomp {__version__}")
+    verbs = parser.add_subparsers(dest="verb", required=True)
+
+    verbs.add_parser("info", help="versions, devices and which implementation the ops use").set_defaults(run=_info)
+
+    theory = verbs.add_parser("theory", help="analytic FP quantization MSE of a lognormal and optimal E/M split")
+    theory.add_argument("--bits", type=int, nargs="+", default=[4, 5, 6, 8])
+    theory.add_argument("--kinds", nargs="+", default=["ideal", "saturate", "inf"], choices=["ideal", "saturate", "inf"])
+    theory.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 2.0, 3.0, 4.0])
+    theory.add_argument("--sigma-max", type=float, default=20.0)
+    theory.add_argument("--out", required=True, help="output stem; writes <stem>_switch_points and <stem>_relative_mse")
+    theory.set_defaults(run=_theory)
+
+    sparsity = verbs.add_parser("sparsity", help="target vs achieved pruning sparsity on synthetic lognormal data")
+    sparsity.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 2.0, 3.0])
+    sparsity.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.85, 0.9, 0.95])
+    sparsity.add_argument("--zero-fractions", type=float, nargs="+", default=[0.0, 0.3])
+    sparsity.add_argument("--numel", type=int, default=1 << 18)
+    sparsity.add_argument("--seed", type=int, default=0)
+    sparsity.add_argument("--out", required=True, help="output stem (.csv and .md)")
+    sparsity.set_defaults(run=_sparsity)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    args.run(args)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

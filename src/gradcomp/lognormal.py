@@ -1,0 +1,165 @@
+"""Closed-form lognormal model of neural-gradient magnitudes (natural-log units throughout).
+
+If ln|g| ~ N(mu, sigma^2), the stochastic-pruning sparsity, its inverse and the pruned/original cosine
+similarity depend on the threshold only through alpha_n = alpha * exp(-mu). Every function here is
+vectorised over tensors (layers batched along any shape), runs on the tensors' device and never synchronises
+with the host, so thresholds can be refreshed every step on a GPU.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+from torch.special import log_ndtr, ndtr
+
+_SQRT2 = math.sqrt(2.0)
+_SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
+MIN_SIGMA = 1e-6  # a degenerate (single-valued) layer is treated as a lognormal this narrow
+
+
+def fit_lognormal(moments: Tensor) -> tuple[Tensor, Tensor]:
+    """(mu, sigma) of ln|g| from `log_moments` output [..., (count_nonzero, sum_ln, sum_ln_sq, count_zero)].
+
+    sigma is the unbiased standard deviation (as the reference code's torch.std); it is 0 for fewer than two
+    non-zeros and mu is NaN when there are none.
+    """
+    count, sum_ln, sum_ln_sq = moments[..., 0], moments[..., 1], moments[..., 2]
+    mu = sum_ln / count
+    var = (sum_ln_sq - sum_ln * mu) / (count - 1).clamp_min(1)
+    return mu, var.clamp_min(0).sqrt()
+
+
+def expected_sparsity(log_alpha_n: Tensor, sigma: Tensor) -> Tensor:
+    """Expected fraction of zeros after stochastic pruning at ln(alpha_n), section 2.5.1:
+    S = Phi(u/sigma) - exp(sigma^2/2 - u) * Phi((u - sigma^2)/sigma), computed in log space for the tails."""
+    return ndtr(log_alpha_n / sigma) - _sparsity_slope(log_alpha_n, sigma)
+
+
+def _sparsity_slope(u: Tensor, sigma: Tensor) -> Tensor:
+    """dS/du, which is also the subtracted term of S (a lognormal identity)."""
+    return torch.exp(sigma * sigma / 2 - u + log_ndtr((u - sigma * sigma) / sigma))
+
+
+def _solve_increasing(fn, target: Tensor, lo: Tensor, hi: Tensor, iterations: int) -> Tensor:
+    """Root of the increasing fn(u) = target inside [lo, hi]: Newton steps, bisection when a step leaves the
+    bracket. Fixed iteration count, so no data-dependent control flow and no host sync."""
+    lo, hi = torch.broadcast_tensors(lo, hi)
+    u = (lo + hi) / 2
+    for _ in range(iterations):
+        value, slope = fn(u)
+        above = value > target
+        lo = torch.where(above, lo, u)
+        hi = torch.where(above, u, hi)
+        newton = u - (value - target) / slope
+        inside = (newton > lo) & (newton < hi)
+        u = torch.where(inside, newton, (lo + hi) / 2)
+    return u
+
+
+def normalized_threshold(sigma: Tensor, sparsity: Tensor, iterations: int = 40) -> Tensor:
+    """alpha_n = alpha * exp(-mu) with expected_sparsity(ln alpha_n, sigma) = sparsity (Appendix A.1)."""
+    sigma, sparsity = torch.broadcast_tensors(
+        torch.as_tensor(sigma, dtype=torch.float64).clamp_min(MIN_SIGMA),
+        torch.as_tensor(sparsity, dtype=torch.float64),
+    )
+    sparsity = sparsity.to(sigma.device)
+    lo = -8 * sigma - 1
+    hi = sigma * sigma / 2 + 8 * sigma + 1 - torch.log1p(-sparsity.clamp(max=1 - 1e-12))
+
+    def fn(u: Tensor) -> tuple[Tensor, Tensor]:
+        slope = _sparsity_slope(u, sigma)
+        return ndtr(u / sigma) - slope, slope
+
+    return torch.exp(_solve_increasing(fn, sparsity, lo, hi, iterations))
+
+
+def gaussian_sparsity(t: Tensor) -> Tensor:
+    """Expected sparsity of stochastic pruning at threshold t*s for g ~ N(0, s^2) (section 2.5.4)."""
+    return torch.erf(t / _SQRT2) - _SQRT_2_OVER_PI / t * (-torch.expm1(-t * t / 2))
+
+
+def laplace_sparsity(r: Tensor) -> Tensor:
+    """Expected sparsity of stochastic pruning at threshold r*b for |g| ~ Exp(b) (section 2.5.4)."""
+    return 1 - 1 / r + torch.exp(-r) / r
+
+
+def _prior_threshold(sparsity: Tensor, value_and_slope, iterations: int) -> Tensor:
+    """Solve an increasing prior sparsity curve S(t) = sparsity for t > 0, in ln t."""
+    sparsity = torch.as_tensor(sparsity, dtype=torch.float64)
+
+    def fn(u: Tensor) -> tuple[Tensor, Tensor]:
+        t = torch.exp(u)
+        value, slope = value_and_slope(t)
+        return value, slope * t
+
+    lo = torch.full_like(sparsity, -20.0)
+    hi = 2 - torch.log1p(-sparsity.clamp(max=1 - 1e-12))
+    return torch.exp(_solve_increasing(fn, sparsity, lo, hi, iterations))
+
+
+def gaussian_normalized_threshold(sparsity: Tensor, iterations: int = 60) -> Tensor:
+    """t with gaussian_sparsity(t) = sparsity; the threshold is t * s for a Gaussian of std s."""
+
+    def value_and_slope(t: Tensor) -> tuple[Tensor, Tensor]:
+        return gaussian_sparsity(t), _SQRT_2_OVER_PI * (-torch.expm1(-t * t / 2)) / (t * t)
+
+    return _prior_threshold(sparsity, value_and_slope, iterations)
+
+
+def laplace_normalized_threshold(sparsity: Tensor, iterations: int = 60) -> Tensor:
+    """r with laplace_sparsity(r) = sparsity; the threshold is r * b for |g| ~ Exp(b), b = mean|g|."""
+
+    def value_and_slope(r: Tensor) -> tuple[Tensor, Tensor]:
+        decay = torch.exp(-r)
+        return laplace_sparsity(r), (1 - decay - r * decay) / (r * r)
+
+    return _prior_threshold(sparsity, value_and_slope, iterations)
+
+
+def cosine_similarity(alpha_n: Tensor, sigma: Tensor) -> Tensor:
+    """Expected cosine between stochastically pruned and original gradients (section 2.6, untruncated)."""
+    u, s2 = torch.log(alpha_n), sigma * sigma
+    energy = torch.exp(2 * s2)
+    denominator = energy * 0.5 * torch.erfc((u - 2 * s2) / (_SQRT2 * sigma)) + alpha_n * torch.exp(
+        s2 / 2
+    ) * 0.5 * torch.erfc(-(u - s2) / (_SQRT2 * sigma))
+    return torch.sqrt(energy / denominator)
+
+
+def truncated_cosine_similarity(alpha_n: Tensor, sigma: Tensor, k: Tensor | float) -> Tensor:
+    """Cosine with the lognormal truncated at ln x - mu < k*sigma (section 2.6, as in the reference code),
+    because the untruncated second moment is dominated by an unrealistic tail."""
+    u, s2 = torch.log(alpha_n), sigma * sigma
+    energy = torch.exp(2 * s2)
+    top = torch.erf((k * sigma - 2 * s2) / (_SQRT2 * sigma))
+    numerator = energy * (1 + top)
+    denominator = alpha_n * torch.exp(s2 / 2) * torch.erfc((s2 - u) / (_SQRT2 * sigma)) + energy * (
+        top - torch.erf((u - 2 * s2) / (_SQRT2 * sigma))
+    )
+    return torch.sqrt(numerator / denominator)
+
+
+def truncation_k(log_abs: Tensor, mu: Tensor, sigma: Tensor) -> Tensor:
+    """The reference code's per-layer truncation point: the standardised smallest of the top N/300 values."""
+    top = max(1, log_abs.numel() // 300)
+    return (torch.topk(log_abs.flatten(), top).values[-1] - mu) / sigma
+
+
+def cosine_threshold(
+    sigma: Tensor, cosine: Tensor, k: Tensor | float, iterations: int = 60
+) -> Tensor:
+    """alpha_n at which the truncated cosine equals `cosine` (heterogeneous sparsity rule, section 2.7).
+
+    The cosine decreases as the threshold grows, so the root is bracketed in ln alpha_n and bisected.
+    """
+    sigma = torch.as_tensor(sigma, dtype=torch.float64).clamp_min(MIN_SIGMA)
+    cosine = torch.as_tensor(cosine, dtype=torch.float64, device=sigma.device)
+    lo = torch.broadcast_to(-8 * sigma - 1, torch.broadcast_shapes(sigma.shape, cosine.shape))
+    hi = torch.broadcast_to(sigma * sigma / 2 + 12 * sigma + 10, lo.shape)
+    for _ in range(iterations):
+        mid = (lo + hi) / 2
+        too_low = truncated_cosine_similarity(torch.exp(mid), sigma, k) < cosine
+        lo, hi = torch.where(too_low, lo, mid), torch.where(too_low, mid, hi)
+    return torch.exp((lo + hi) / 2)

@@ -1,0 +1,26 @@
+"""Public compression ops: a vectorised torch implementation each (the CPU path and the test oracle) and a
+Triton kernel used for CUDA tensors; `backend="auto"|"torch"|"triton"` chooses."""
+
+from gradcomp.ops.fp_quant import quantize_fp
+from gradcomp.ops.int_quant import quantize_int
+from gradcomp.ops.prune import (
+    gaussian_threshold,
+    laplace_threshold,
+    lognormal_threshold,
+    lognormal_threshold_from_moments,
+    stochastic_prune,
+    topk_threshold,
+)
+from gradcomp.ops.stats import log_moments
+
+__all__ = [
+    "gaussian_threshold",
+    "laplace_threshold",
+    "log_moments",
+    "lognormal_threshold",
+    "lognormal_threshold_from_moments",
+    "quantize_fp",
+    "quantize_int",
+    "stochastic_prune",
+    "topk_threshold",
+]

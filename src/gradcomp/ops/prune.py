@@ -1,0 +1,141 @@
+"""Unbiased stochastic pruning of neural gradients and the thresholds that hit a target sparsity.
+
+`lognormal_threshold` is the method of the lognormal paper (one fused reduction, a closed-form inverse
+solved on device); the Gaussian- and Laplace-prior thresholds and the exact sort-based threshold are the
+baselines it is compared with.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from torch import Tensor
+
+from gradcomp import lognormal
+from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp.ops.stats import log_moments
+from gradcomp.rng import random_bits, resolve_seed, uniform24
+
+
+def stochastic_prune(
+    x: Tensor, alpha: float | Tensor, seed: int | None = None, backend: Backend = "auto"
+) -> Tensor:
+    """|x| >= alpha unchanged; |x| < alpha becomes sign(x)*alpha with probability |x|/alpha, else 0.
+
+    Unbiased (E[out] = x): alpha is first rounded to x's dtype so that the promoted values are exactly
+    representable, and the keep decision compares |x| * 2^24/alpha with 24 random bits (float32 precision).
+    alpha must be finite and >= 0 (a Python number is checked; alpha = 0 prunes nothing). Exact zeros stay
+    zero; NaN and +-Inf pass through. Random bits come from (seed, element index).
+    """
+    check_float(x, "stochastic_prune")
+    if not isinstance(alpha, Tensor):
+        if not (math.isfinite(alpha) and alpha >= 0):
+            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+    elif alpha.numel() != 1:
+        raise ValueError(f"alpha must be a number or a one-element tensor, got shape {tuple(alpha.shape)}")
+    layout = compute_layout(x.dtype)
+    alpha_t = torch.as_tensor(alpha, device=x.device).reshape(()).to(x.dtype).to(layout.float_dtype)
+    keep_scale = 2.0**24 / alpha_t
+    seed = resolve_seed(seed)
+    if x.numel() == 0:
+        return x.clone()
+    if use_triton(x, backend):
+        from gradcomp.kernels.prune import stochastic_prune_triton
+
+        return stochastic_prune_triton(x, alpha_t, keep_scale, seed)
+    xc = x.to(layout.float_dtype).contiguous()
+    magnitude = xc.abs()
+    keep = uniform24(random_bits(seed, x.numel(), x.device)).view(x.shape) < magnitude * keep_scale
+    promoted = torch.where(keep, alpha_t, 0.0).view(layout.int_dtype)
+    promoted |= xc.view(layout.int_dtype) & layout.sign_mask
+    return torch.where(magnitude < alpha_t, promoted.view(layout.float_dtype), xc).to(x.dtype)
+
+
+def _prunable_target(numel: int, count_nonzero: Tensor, count_zero: Tensor, sparsity: float) -> Tensor:
+    """Fraction of the finite non-zeros to prune so that all zeros make up `sparsity` of the tensor
+    (the reference code's S' = (S - s0)/(1 - s0), with non-finite elements left alone)."""
+    return (sparsity * numel - count_zero) / count_nonzero
+
+
+def _check_sparsity(sparsity: float) -> None:
+    if not 0 <= sparsity < 1:
+        raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
+
+
+def _finish(alpha: Tensor, target: Tensor, x: Tensor) -> Tensor:
+    """0 (no pruning) where nothing needs pruning; the op's compute dtype on x's device."""
+    alpha = torch.where((target > 0) & torch.isfinite(alpha), alpha, 0.0)
+    return alpha.to(compute_layout(x.dtype).float_dtype)
+
+
+def lognormal_threshold(x: Tensor, sparsity: float, backend: Backend = "auto") -> Tensor:
+    """0-d alpha such that stochastic_prune(x, alpha) has expected fraction of zeros `sparsity`.
+
+    Counts zeros already in x (ReLU zeros); fits (mu, sigma) of ln|x| from `log_moments` and inverts the
+    closed-form lognormal sparsity on device: no sort, no host sync.
+    """
+    check_float(x, "lognormal_threshold")
+    _check_sparsity(sparsity)
+    return lognormal_threshold_from_moments(log_moments(x, backend), x.numel(), sparsity).to(
+        compute_layout(x.dtype).float_dtype
+    )
+
+
+def lognormal_threshold_from_moments(moments: Tensor, numel: int | Tensor, sparsity: float) -> Tensor:
+    """Batched form: moments [..., 4] from `log_moments`, one threshold per leading index (float64)."""
+    _check_sparsity(sparsity)
+    target = _prunable_target(numel, moments[..., 0], moments[..., 3], sparsity)
+    mu, sigma = lognormal.fit_lognormal(moments)
+    alpha_n = lognormal.normalized_threshold(sigma, target.clamp(1e-12, 1 - 1e-9))
+    alpha = alpha_n * torch.exp(mu)
+    return torch.where((target > 0) & torch.isfinite(alpha), alpha, 0.0)
+
+
+def _prunable(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """(finite non-zero magnitudes in float64, their count, the count of exact zeros)."""
+    magnitude = x.detach().to(torch.float64).abs().flatten()
+    values = magnitude[(magnitude > 0) & (magnitude < torch.inf)]
+    count = torch.tensor(float(values.numel()), dtype=torch.float64, device=x.device)
+    return values, count, (magnitude == 0).sum(dtype=torch.float64)
+
+
+def gaussian_threshold(x: Tensor, sparsity: float) -> Tensor:
+    """Baseline: threshold from a zero-mean Gaussian prior with s = RMS of the non-zeros (Ye et al. style)."""
+    check_float(x, "gaussian_threshold")
+    _check_sparsity(sparsity)
+    values, count, zeros = _prunable(x)
+    target = _prunable_target(x.numel(), count, zeros, sparsity)
+    s = torch.sqrt((values * values).sum() / count)
+    return _finish(s * lognormal.gaussian_normalized_threshold(target.clamp(1e-12, 1 - 1e-9)), target, x)
+
+
+def laplace_threshold(x: Tensor, sparsity: float) -> Tensor:
+    """Baseline: threshold from a Laplace prior, |g| ~ Exp(b) with b = mean of the non-zero |g|."""
+    check_float(x, "laplace_threshold")
+    _check_sparsity(sparsity)
+    values, count, zeros = _prunable(x)
+    target = _prunable_target(x.numel(), count, zeros, sparsity)
+    b = values.sum() / count
+    return _finish(b * lognormal.laplace_normalized_threshold(target.clamp(1e-12, 1 - 1e-9)), target, x)
+
+
+def topk_threshold(x: Tensor, sparsity: float) -> Tensor:
+    """Exact baseline: the alpha whose expected sparsity on this very tensor is `sparsity` (sorts |x|).
+
+    With a_1 <= ... <= a_n the sorted non-zeros, the expected number of new zeros at alpha in (a_k, a_k+1]
+    is k - (a_1 + ... + a_k)/alpha, continuous and increasing in alpha; it is solved exactly on that piece.
+    """
+    check_float(x, "topk_threshold")
+    _check_sparsity(sparsity)
+    values, count, zeros = _prunable(x)
+    wanted = sparsity * x.numel() - zeros  # expected new zeros
+    if values.numel() == 0:
+        return _finish(torch.zeros((), dtype=torch.float64, device=x.device), wanted, x)
+    sorted_values = torch.sort(values).values
+    below = torch.cat([sorted_values.new_zeros(1), torch.cumsum(sorted_values, 0)])  # sum of the k smallest
+    k = torch.arange(values.numel() + 1, dtype=torch.float64, device=x.device)
+    zeros_at_breakpoints = k[:-1] - below[:-1] / sorted_values  # expected new zeros at alpha = a_(k+1)
+    piece = torch.searchsorted(zeros_at_breakpoints, wanted.reshape(1)).clamp(1, values.numel())
+    alpha = below[piece] / (k[piece] - wanted.clamp(max=values.numel() - 1e-9))
+    return _finish(alpha.reshape(()), wanted, x)

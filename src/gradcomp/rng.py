@@ -1,0 +1,94 @@
+"""Counter-based random bits: bits(seed, i) depends only on the seed and the element's row-major index i.
+
+The same function is computed by the torch ops (here) and inside every Triton kernel
+(`gradcomp.kernels.rng`), so a seed gives the same result on CPU and GPU and for any kernel block size.
+
+    k0, k1 = splitmix64(seed)                    (two 32-bit keys)
+    bits(i) = mix32(((i mod 2^32) + k0) ^ mix32((i >> 32) ^ k1))     (uint32 arithmetic)
+
+`mix32` is the "lowbias32" integer hash (two multiply/xorshift rounds, near-ideal avalanche).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+MASK32 = 0xFFFFFFFF
+MIX1, MIX2 = 0x7FEB352D, 0x846CA68B
+_CHUNK = 1 << 32  # elements sharing the high word of the counter
+
+
+def mix32(x: int) -> int:
+    """lowbias32 on a Python int (uint32 semantics)."""
+    x ^= x >> 16
+    x = (x * MIX1) & MASK32
+    x ^= x >> 15
+    x = (x * MIX2) & MASK32
+    return x ^ (x >> 16)
+
+
+def seed_keys(seed: int) -> tuple[int, int]:
+    """The two 32-bit keys of a seed (splitmix64 finaliser, so nearby seeds give unrelated streams)."""
+    z = (seed + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    z ^= z >> 31
+    return z & MASK32, z >> 32
+
+
+def fresh_seed() -> int:
+    """A new seed from torch's global CPU generator, so `torch.manual_seed` makes runs repeatable."""
+    return int(torch.randint(0, 2**62, (1,)).item())
+
+
+def resolve_seed(seed: int | None) -> int:
+    if seed is None:
+        return fresh_seed()
+    if not isinstance(seed, int) or isinstance(seed, bool):
+        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+    return seed
+
+
+def as_int32(value: int) -> int:
+    """A uint32 bit pattern as the int32 with the same bits (what torch int32 tensors hold)."""
+    return value - (1 << 32) if value >= 1 << 31 else value
+
+
+def _mix32_(x: Tensor) -> Tensor:
+    """lowbias32 in place on an int32 tensor holding uint32 bit patterns (int32 products wrap mod 2^32)."""
+    tmp = torch.empty_like(x)
+    for shift, multiplier in ((16, MIX1), (15, MIX2)):
+        torch.bitwise_right_shift(x, shift, out=tmp)
+        tmp &= (1 << (32 - shift)) - 1  # logical shift from an arithmetic one
+        x ^= tmp
+        x *= as_int32(multiplier)
+    torch.bitwise_right_shift(x, 16, out=tmp)
+    tmp &= 0xFFFF
+    x ^= tmp
+    return x
+
+
+def random_bits(seed: int, numel: int, device: torch.device | str = "cpu") -> Tensor:
+    """bits(seed, i) for i in [0, numel), as an int32 tensor holding the uint32 bit patterns."""
+    k0, k1 = seed_keys(seed)
+    chunks = []
+    for start in range(0, max(numel, 1), _CHUNK):
+        count = min(_CHUNK, numel - start)
+        if count <= 0:
+            break
+        if count <= 1 << 31:
+            counter = torch.arange(count, dtype=torch.int32, device=device)
+        else:  # counters above 2^31 wrap to negative int32, which is the bit pattern we want
+            counter = torch.arange(count, dtype=torch.int64, device=device).to(torch.int32)
+        counter += as_int32(k0)
+        counter ^= as_int32(mix32((start >> 32) ^ k1))
+        chunks.append(_mix32_(counter))
+    if not chunks:
+        return torch.empty(0, dtype=torch.int32, device=device)
+    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+
+
+def uniform24(bits: Tensor) -> Tensor:
+    """The top 24 bits of `random_bits` as an int32 in [0, 2^24) (exact in float32)."""
+    return (bits >> 8) & 0xFFFFFF
