@@ -11,6 +11,7 @@ include: "workflow/rules/synthetic.smk"
 
 
 rule all:
+    default_target: True
     input:
         expand(
             f"{RESULTS}/A4_fp_theory_{{table}}.{{ext}}",
@@ -18,4 +19,3 @@ rule all:
             ext=["csv", "md"],
         ),
         expand(f"{RESULTS}/A7_synthetic_sparsity.{{ext}}", ext=["csv", "md"]),
-    default_target: True

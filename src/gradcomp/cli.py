@@ -4,8 +4,6 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
-
 import torch
 from tqdm import tqdm
 
@@ -37,11 +35,12 @@ def _theory(args: argparse.Namespace) -> None:
                 mse_rows.append(
                     {"bits": bits, "grid": kind, "sigma_log2": sigma, "exp_bits": exp_bits, "relative_mse": value}
                 )
-    out = Path(args.out)
-    write_table(switch_rows, out.with_name(out.name + "_switch_points"),
-                "Sigma (log2) from which E exponent bits minimise the relative MSE at the optimal scale")
-    write_table(mse_rows, out.with_name(out.name + "_relative_mse"),
-                "Relative quantization MSE of a lognormal at the MSE-optimal scale")
+    write_table(
+        switch_rows,
+        args.switch_points,
+        "Sigma (log2) from which E exponent bits minimise the relative MSE at the optimal scale",
+    )
+    write_table(mse_rows, args.mse, "Relative quantization MSE of a lognormal at the MSE-optimal scale")
 
 
 def _sparsity(args: argparse.Namespace) -> None:
@@ -63,7 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     theory.add_argument("--kinds", nargs="+", default=["ideal", "saturate", "inf"], choices=["ideal", "saturate", "inf"])
     theory.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 2.0, 3.0, 4.0])
     theory.add_argument("--sigma-max", type=float, default=20.0)
-    theory.add_argument("--out", required=True, help="output stem; writes <stem>_switch_points and <stem>_relative_mse")
+    theory.add_argument("--switch-points", required=True, help="CSV path (a Markdown copy is written beside it)")
+    theory.add_argument("--mse", required=True, help="CSV path (a Markdown copy is written beside it)")
     theory.set_defaults(run=_theory)
 
     sparsity = verbs.add_parser("sparsity", help="target vs achieved pruning sparsity on synthetic lognormal data")
@@ -72,7 +72,7 @@ def build_parser() -> argparse.ArgumentParser:
     sparsity.add_argument("--zero-fractions", type=float, nargs="+", default=[0.0, 0.3])
     sparsity.add_argument("--numel", type=int, default=1 << 18)
     sparsity.add_argument("--seed", type=int, default=0)
-    sparsity.add_argument("--out", required=True, help="output stem (.csv and .md)")
+    sparsity.add_argument("--out", required=True, help="CSV path (a Markdown copy is written beside it)")
     sparsity.set_defaults(run=_sparsity)
     return parser
 

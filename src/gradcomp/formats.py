@@ -47,10 +47,11 @@ class FPFormat:
             raise ValueError(f"man_bits must be in [0, 23], got {self.man_bits}")
         if self.bias is None:
             object.__setattr__(self, "bias", 2 ** (self.exp_bits - 1) - 1)
-        if self.emax > 127 or self.emin - self.man_bits < -149:
+        if self.emax > 127 or self.emin - self.man_bits < -149 or self.emin > 104:
             raise ValueError(
-                f"{self.name}: grid 2^[{self.emin - self.man_bits}, {self.emax}] is not exactly representable "
-                "in float32; choose a bias that keeps it within 2^[-149, 127]"
+                f"{self.name}: grid 2^[{self.emin - self.man_bits}, {self.emax}] does not fit the float32 "
+                "arithmetic of the ops; choose a bias that keeps it within 2^[-149, 127] (smallest normal "
+                "at most 2^104)"
             )
 
     # --- exponent range -------------------------------------------------------------------------------------

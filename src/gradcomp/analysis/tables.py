@@ -22,11 +22,11 @@ def to_markdown(rows: Sequence[dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def write_table(rows: Sequence[dict], stem: Path | str, title: str = "") -> tuple[Path, Path]:
-    """Write `stem`.csv and `stem`.md (with an optional title line); returns both paths."""
-    stem = Path(stem)
-    stem.parent.mkdir(parents=True, exist_ok=True)
-    csv_path, md_path = stem.with_suffix(".csv"), stem.with_suffix(".md")
+def write_table(rows: Sequence[dict], csv_path: Path | str, title: str = "") -> tuple[Path, Path]:
+    """Write the rows to `csv_path` and a Markdown copy (with an optional title) beside it, suffix .md."""
+    csv_path = Path(csv_path)
+    csv_path.parent.mkdir(parents=True, exist_ok=True)
+    md_path = csv_path.with_suffix(".md")
     with csv_path.open("w", newline="") as handle:
         writer = csv.DictWriter(handle, fieldnames=list(rows[0]) if rows else [])
         writer.writeheader()

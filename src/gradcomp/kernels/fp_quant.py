@@ -23,6 +23,7 @@ def _quantize_fp_kernel(
     k0,
     k1,
     DISCARD: tl.constexpr,
+    TIE_OFFSET: tl.constexpr,
     MIN_NORMAL: tl.constexpr,
     CLAMP: tl.constexpr,
     MAX_VALUE: tl.constexpr,
@@ -51,7 +52,7 @@ def _quantize_fp_kernel(
         if STOCHASTIC:
             rounded_bits = magnitude_bits + (random >> (32 - DISCARD)).to(tl.int32)
         else:
-            rounded_bits = magnitude_bits + ((1 << (DISCARD - 1)) - 1) + ((magnitude_bits >> DISCARD) & 1)
+            rounded_bits = magnitude_bits + ((1 << (DISCARD - 1)) - 1) + (((magnitude_bits >> DISCARD) + TIE_OFFSET) & 1)
         rounded_bits = rounded_bits & -(1 << DISCARD)
     else:
         rounded_bits = magnitude_bits
@@ -95,6 +96,7 @@ def quantize_fp_triton(x: Tensor, plan, scale: Tensor, stochastic: bool, seed: i
         as_int32(k0),
         as_int32(k1),
         DISCARD=plan.discard_bits,
+        TIE_OFFSET=plan.tie_offset,
         MIN_NORMAL=plan.min_normal,
         CLAMP=plan.clamp,
         MAX_VALUE=plan.max_value,

@@ -3,6 +3,8 @@
 Rounding works on the float32 bit pattern (float64 for float64 inputs), which makes it exact:
 * in the format's normal range the discarded low mantissa bits are rounded on the integer bit pattern
   (carries into the exponent are correct by construction);
+* ties of nearest rounding go to the neighbour whose code (exponent and mantissa fields read as one
+  integer) is even, i.e. an even mantissa, or an even exponent field when M = 0, as in IEEE 754;
 * below the smallest normal the grid is uniform with quantum 2^qe; nearest rounding adds and subtracts
   2^(qe + mantissa bits of the compute type) (one IEEE rounding, so ties go to even), and stochastic rounding
   compares the exact fraction with 32 random bits.
@@ -37,6 +39,7 @@ class RoundingPlan:
     """Everything the torch path and the kernel need to round to `fmt` in `layout` (shared so they agree)."""
 
     discard_bits: int  # low mantissa bits dropped in the normal range
+    tie_offset: int  # added to the kept LSB so that ties go to the even code of the target format
     min_normal: float
     min_normal_bits: int
     clamp: float  # magnitudes are clamped here before rounding
@@ -52,6 +55,9 @@ class RoundingPlan:
         float_max = float(torch.finfo(layout.float_dtype).max)
         return cls(
             discard_bits=layout.man_bits - fmt.man_bits,
+            # with M = 0 the kept LSB is the exponent field's; the compute type's bias is odd, so the target
+            # field's parity differs from it by bias + 1
+            tie_offset=(fmt.bias + 1) % 2 if fmt.man_bits == 0 else 0,
             min_normal=fmt.min_normal,
             min_normal_bits=layout.pow2_bits(fmt.emin),
             clamp=fmt.max_value if fmt.overflow == "saturate" else float_max,
@@ -122,7 +128,7 @@ def _quantize_fp_torch(
             rounded_bits += _top_random_bits(random, d, layout)
         else:
             rounded_bits += (1 << (d - 1)) - 1
-            rounded_bits += (magnitude_bits >> d) & 1
+            rounded_bits += ((magnitude_bits >> d) + plan.tie_offset) & 1
         rounded_bits &= -(1 << d)
     rounded = rounded_bits.view(layout.float_dtype)
 
