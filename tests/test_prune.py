@@ -1,0 +1,155 @@
+import math
+
+import pytest
+import torch
+from helpers import lognormal_gradient, same_bits
+
+from gradcomp import (
+    gaussian_threshold,
+    laplace_threshold,
+    log_moments,
+    lognormal_threshold,
+    lognormal_threshold_from_moments,
+    stochastic_prune,
+    topk_threshold,
+)
+from gradcomp.analysis.synthetic import signed_lognormal
+
+
+def test_pruning_semantics():
+    x = lognormal_gradient(20000, sigma=2.0, mu=0.0)
+    alpha = 1.5
+    out = stochastic_prune(x, alpha, seed=0)
+    finite = torch.isfinite(x)
+    large = x.abs() >= alpha
+    assert same_bits(out[large | ~finite], x[large | ~finite])  # large, NaN and Inf untouched
+    small = finite & ~large
+    assert torch.all((out[small] == 0) | (out[small].abs() == alpha))
+    assert torch.all(out[small & (out != 0)].sign() == x[small & (out != 0)].sign())
+    assert torch.all(out[x == 0] == 0)
+
+
+def test_pruning_is_unbiased():
+    values = torch.tensor([0.05, 0.3, 0.5, 0.9, -0.2])
+    draws = 40000
+    out = stochastic_prune(values.repeat(draws, 1), 1.0, seed=3)
+    p = values.abs().double()
+    bound = 5 * torch.sqrt(p * (1 - p) / draws)
+    assert torch.all((out.double().mean(0) - values.double()).abs() < bound)
+
+
+def test_alpha_zero_prunes_nothing_and_bad_alpha_is_rejected():
+    x = lognormal_gradient(100, sigma=1.0)
+    assert same_bits(stochastic_prune(x, 0.0, seed=1), x)
+    for bad in (-1.0, math.nan, math.inf):
+        with pytest.raises(ValueError, match="alpha"):
+            stochastic_prune(x, bad)
+    with pytest.raises(ValueError, match="one-element"):
+        stochastic_prune(x, torch.ones(2))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
+def test_low_precision_alpha_is_rounded_to_the_dtype_and_stays_unbiased(dtype):
+    x = torch.full((40000,), 0.3, dtype=dtype)
+    alpha = 1.0001  # not representable in float16/bfloat16
+    out = stochastic_prune(x, alpha, seed=2)
+    assert out.dtype == dtype
+    kept = out[out != 0]
+    assert torch.all(kept == torch.tensor(alpha).to(dtype))
+    expected = x[0].double()
+    bound = 5 * math.sqrt(0.3 * 0.7 / x.numel()) * alpha
+    assert abs(out.double().mean() - expected) < bound
+
+
+def test_non_contiguous_empty_scalar():
+    x = lognormal_gradient((50, 40), sigma=2.0)
+    assert same_bits(stochastic_prune(x.t(), 0.01, seed=5), stochastic_prune(x.t().contiguous(), 0.01, seed=5))
+    assert stochastic_prune(torch.empty(0), 1.0).numel() == 0
+    assert stochastic_prune(torch.tensor(2.0), 1.0).item() == 2.0
+
+
+@pytest.mark.parametrize("sigma", [1.0, 2.0, 3.0])
+@pytest.mark.parametrize("zero_fraction", [0.0, 0.3])
+def test_lognormal_threshold_hits_the_target_within_half_a_point(sigma, zero_fraction):
+    g = signed_lognormal(1 << 18, sigma, zero_fraction, seed=int(sigma * 10))
+    for target in (0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95):
+        achieved = (stochastic_prune(g, lognormal_threshold(g, target), seed=1) == 0).double().mean()
+        assert abs(achieved - target) < 0.005, (target, achieved)
+
+
+def test_zeros_beyond_the_target_mean_no_pruning():
+    g = signed_lognormal(10000, 2.0, zero_fraction=0.6)
+    assert lognormal_threshold(g, 0.5).item() == 0.0
+    assert topk_threshold(g, 0.5).item() == 0.0
+    assert lognormal_threshold(torch.zeros(100), 0.9).item() == 0.0
+
+
+def test_thresholds_reject_bad_sparsity():
+    g = signed_lognormal(100, 1.0)
+    for estimator in (lognormal_threshold, gaussian_threshold, laplace_threshold, topk_threshold):
+        for bad in (-0.1, 1.0, 1.5):
+            with pytest.raises(ValueError, match="sparsity"):
+                estimator(g, bad)
+
+
+def test_topk_threshold_is_exact_on_the_tensor():
+    g = signed_lognormal(5000, 2.5, zero_fraction=0.2).double()
+    for target in (0.5, 0.9):
+        alpha = topk_threshold(g, target)
+        magnitude = g.abs()
+        expected_zeros = torch.where(magnitude < alpha, 1 - magnitude / alpha, 0.0).sum()
+        assert expected_zeros.item() / g.numel() == pytest.approx(target, abs=1e-9)
+
+
+@pytest.mark.parametrize(("sigma", "expected"), [(1.5, 0.84), (2.5, 0.98), (3.5, 0.995)])
+def test_gaussian_prior_overshoots_as_in_appendix_a3(sigma, expected):
+    g = signed_lognormal(1 << 18, sigma, seed=4)
+    achieved = (stochastic_prune(g, gaussian_threshold(g, 0.5), seed=1) == 0).double().mean()
+    assert achieved.item() == pytest.approx(expected, abs=0.02)
+
+
+def test_batched_thresholds_from_moments():
+    tensors = [signed_lognormal(4096, sigma, seed=i) for i, sigma in enumerate((1.0, 2.0, 3.0))]
+    moments = torch.stack([log_moments(t) for t in tensors])
+    batched = lognormal_threshold_from_moments(moments, 4096, 0.8)
+    single = torch.stack([lognormal_threshold(t, 0.8) for t in tensors]).double()
+    torch.testing.assert_close(batched, single, rtol=1e-6, atol=0)
+
+
+def test_log_moments_counts_and_sums():
+    x = torch.tensor([0.0, -0.0, math.e, -1.0, math.nan, math.inf, math.exp(2)])
+    moments = log_moments(x)
+    torch.testing.assert_close(moments, torch.tensor([3.0, 3.0, 5.0, 2.0], dtype=torch.float64))
+    assert torch.equal(log_moments(torch.empty(0)), torch.zeros(4, dtype=torch.float64))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16])
+def test_triton_prune_is_bit_exact(kernel_device, dtype):
+    x = lognormal_gradient(3000, sigma=2.0, mu=-1.0).to(dtype)
+    alpha = torch.tensor(0.4)
+    expected = stochastic_prune(x, alpha, seed=8, backend="torch")
+    got = stochastic_prune(x.to(kernel_device), alpha.to(kernel_device), seed=8, backend="triton")
+    assert same_bits(got.cpu(), expected)
+
+
+def test_triton_prune_block_size_independent(kernel_device):
+    from gradcomp.kernels.prune import stochastic_prune_triton
+
+    x = lognormal_gradient(2500, sigma=2.0).to(kernel_device)
+    alpha = torch.tensor(0.01, device=kernel_device)
+    keep_scale = 2.0**24 / alpha
+    assert same_bits(
+        stochastic_prune_triton(x, alpha, keep_scale, 1, block=128),
+        stochastic_prune_triton(x, alpha, keep_scale, 1, block=4096),
+    )
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
+def test_triton_log_moments_and_threshold(kernel_device, dtype):
+    x = lognormal_gradient(40000, sigma=2.0).to(dtype)
+    expected = log_moments(x, backend="torch")
+    got = log_moments(x.to(kernel_device), backend="triton").cpu()
+    assert torch.equal(got[[0, 3]], expected[[0, 3]])  # counts are exact
+    torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-3)
+    alpha = lognormal_threshold(x.to(kernel_device), 0.85, backend="triton").cpu()
+    torch.testing.assert_close(alpha, lognormal_threshold(x, 0.85, backend="torch"), rtol=1e-5, atol=0)
