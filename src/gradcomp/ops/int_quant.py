@@ -7,7 +7,7 @@ affinely onto the integer codes 0..B (B = 2^bits - 1), rounds stochastically and
 * "bhq": PSQ applied after the block-Householder transform T (section 2.6), then T^-1. T is built from the
   row ranges and applied structurally: per-row scaling plus one reflection y = z - 2 v (v^T z) per block,
   O(N*D) work, never a dense N x N matrix, and no host sync.
-A row whose range is 0 is reproduced exactly; an element sharing its scale with a NaN or Inf comes out NaN
+PTQ and PSQ reproduce a group whose range is 0 exactly (BHQ mixes rows: only all zeros stay exact); an element sharing its scale with a NaN or Inf comes out NaN
 (PTQ: the whole tensor, PSQ: the row, BHQ: the whole tensor, since the transform mixes rows).
 """
 
