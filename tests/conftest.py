@@ -4,10 +4,10 @@ import os
 
 os.environ.setdefault("TRITON_INTERPRET", "1")
 
-import pytest  # noqa: E402
-import torch  # noqa: E402
+import pytest
+import torch
 
-from gradcomp._backend import interpreter_enabled  # noqa: E402
+from gradcomp._backend import interpreter_enabled
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
 

@@ -36,7 +36,9 @@ def test_presets_match_torch_float8_e5m2_grid():
     assert E4M3.name == "e4m3-inf" and E4M3.max_value == 240.0
 
 
-@pytest.mark.parametrize("fmt", [FPFormat(4, 3), FPFormat(3, 2, overflow="inf"), FPFormat(4, 1, subnormals=False)])
+@pytest.mark.parametrize(
+    "fmt", [FPFormat(4, 3), FPFormat(3, 2, overflow="inf"), FPFormat(4, 1, subnormals=False)]
+)
 def test_values_count_codes(fmt):
     values = fmt.values()
     codes = 2 ** (fmt.exp_bits + fmt.man_bits)  # per sign
@@ -50,7 +52,13 @@ def test_values_count_codes(fmt):
 
 
 @pytest.mark.parametrize(
-    "fmt", [FPFormat(4, 1), FPFormat(5, 2, overflow="inf"), FPFormat(4, 3, subnormals=False, bias=9), FPFormat(3, 0)]
+    "fmt",
+    [
+        FPFormat(4, 1),
+        FPFormat(5, 2, overflow="inf"),
+        FPFormat(4, 3, subnormals=False, bias=9),
+        FPFormat(3, 0),
+    ],
 )
 def test_name_round_trips(fmt):
     assert parse_format(fmt.name) == fmt

@@ -41,8 +41,12 @@ def test_relative_mse_reproduces_table_a2b(bits, sigma, expected):
 @pytest.mark.parametrize(
     ("bits", "sigma", "best"),
     [  # optimal E on ideal / saturate+sub / IEEE-inf+sub grids (A.2b): subnormals move the optimum
-        (4, 1.0, (2, 2, 3)), (5, 2.0, (3, 3, 4)), (6, 1.0, (3, 2, 3)), (6, 4.0, (4, 4, 5)),
-        (8, 3.0, (5, 4, 4)), (8, 4.0, (5, 5, 5)),
+        (4, 1.0, (2, 2, 3)),
+        (5, 2.0, (3, 3, 4)),
+        (6, 1.0, (3, 2, 3)),
+        (6, 4.0, (4, 4, 5)),
+        (8, 3.0, (5, 4, 4)),
+        (8, 4.0, (5, 5, 5)),
     ],
 )
 def test_optimal_exponent_bits(bits, sigma, best):
@@ -70,7 +74,7 @@ def test_optimal_scale_centres_the_energy_not_the_median():
 
 
 def test_in_range_rounding_noise_closed_form():
-    # wide range, sigma large enough: relative MSE -> 0.0451 * 2^-2M (exact nearest values from section 2.10.2)
+    # wide range, sigma large enough: relative MSE -> 0.0451 * 2^-2M (the exact values of section 2.10.2)
     for man_bits, expected in ((3, 7.0e-4), (2, 2.8e-3), (1, 1.07e-2), (0, 3.8e-2)):
         mse = optimal_log2_scale(ideal_grid(6, man_bits), 2.0)[1].item()
         assert mse == pytest.approx(expected, rel=0.03)
@@ -83,7 +87,9 @@ def test_analytic_mse_matches_monte_carlo_of_quantize_fp(fmt, sigma):
     # E[(x_hat - x)^2] / E[x^2] = E over the energy-tilted lognormal (log2-mean 2 ln2 sigma^2) of the squared
     # relative error (section 2.10.3): sampling there avoids the heavy tail of x^2
     generator = torch.Generator().manual_seed(0)
-    log2_x = 2 * math.log(2) * sigma**2 + sigma * torch.randn(1_000_000, generator=generator, dtype=torch.float64)
+    log2_x = 2 * math.log(2) * sigma**2 + sigma * torch.randn(
+        1_000_000, generator=generator, dtype=torch.float64
+    )
     x = torch.exp2(log2_x).float()
     x_hat = quantize_fp(x * 2.0**log2_scale, fmt).double() / 2.0**log2_scale
     if fmt.overflow == "inf":  # the theory clamps at the top grid point

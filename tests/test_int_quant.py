@@ -1,3 +1,4 @@
+import itertools
 import math
 
 import pytest
@@ -150,7 +151,7 @@ def test_variance_vs_lognormal_row_spread():
         ratios[sigma] = (ptq / psq, bhq / psq)
     assert 0.85 < ratios[0.0][1] < 1.2 and ratios[0.0][0] > 1.2
     bhq_gain = [ratios[sigma][1] for sigma in (0.0, 1.0, 2.0, 3.0)]
-    assert all(a > b for a, b in zip(bhq_gain, bhq_gain[1:], strict=False)), ratios
+    assert all(a > b for a, b in itertools.pairwise(bhq_gain)), ratios
     assert bhq_gain[2] < 0.3 and bhq_gain[3] < 0.1, ratios
     assert all(ratios[sigma][0] > 10 for sigma in (1.0, 2.0, 3.0)), ratios
 
@@ -159,7 +160,7 @@ def test_variance_vs_lognormal_row_spread():
 def test_variance_falls_about_fourfold_per_bit(scheme):
     x = row_scaled(32, 64, 1.0, seed=3)
     variances = [quantization_variance(x, bits, scheme, draws=40) for bits in (4, 5, 6, 7, 8)]
-    ratios = [a / b for a, b in zip(variances, variances[1:], strict=False)]
+    ratios = [a / b for a, b in itertools.pairwise(variances)]
     assert all(2.5 < r < 6.5 for r in ratios), ratios
 
 

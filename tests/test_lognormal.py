@@ -54,9 +54,15 @@ def test_degenerate_sigma_has_the_point_mass_limit():
 @pytest.mark.parametrize(
     ("sigma", "column", "expected"),
     [  # the truncated cosine table of section 2.6 (k = 2.7131), at the A.1 thresholds
-        (1.0, 0.5, 0.934), (1.0, 0.8, 0.664), (1.0, 0.9, 0.468),
-        (2.0, 0.5, 0.999), (2.0, 0.8, 0.967), (2.0, 0.9, 0.855),
-        (2.5, 0.5, 0.9999), (2.5, 0.8, 0.994), (2.5, 0.9, 0.955),
+        (1.0, 0.5, 0.934),
+        (1.0, 0.8, 0.664),
+        (1.0, 0.9, 0.468),
+        (2.0, 0.5, 0.999),
+        (2.0, 0.8, 0.967),
+        (2.0, 0.9, 0.855),
+        (2.5, 0.5, 0.9999),
+        (2.5, 0.8, 0.994),
+        (2.5, 0.9, 0.955),
     ],
 )
 def test_truncated_cosine_reference_values(sigma, column, expected):

@@ -63,7 +63,9 @@ def test_low_precision_alpha_is_rounded_to_the_dtype_and_stays_unbiased(dtype):
 
 def test_non_contiguous_empty_scalar():
     x = lognormal_gradient((50, 40), sigma=2.0)
-    assert same_bits(stochastic_prune(x.t(), 0.01, seed=5), stochastic_prune(x.t().contiguous(), 0.01, seed=5))
+    assert same_bits(
+        stochastic_prune(x.t(), 0.01, seed=5), stochastic_prune(x.t().contiguous(), 0.01, seed=5)
+    )
     assert stochastic_prune(torch.empty(0), 1.0).numel() == 0
     assert stochastic_prune(torch.tensor(2.0), 1.0).item() == 2.0
 

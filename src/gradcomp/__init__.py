@@ -22,8 +22,8 @@ __version__ = "0.1.0"
 __all__ = [
     "E4M3",
     "E5M2",
-    "FPFormat",
     "PAPER_FORMATS",
+    "FPFormat",
     "gaussian_threshold",
     "laplace_threshold",
     "log_moments",

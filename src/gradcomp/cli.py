@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+
 import torch
 from tqdm import tqdm
 
@@ -33,7 +34,13 @@ def _theory(args: argparse.Namespace) -> None:
         for exp_bits, mse in fp_theory.mse_by_exp_bits(bits, sigmas, kind).items():
             for sigma, value in zip(args.sigmas, mse.tolist(), strict=True):
                 mse_rows.append(
-                    {"bits": bits, "grid": kind, "sigma_log2": sigma, "exp_bits": exp_bits, "relative_mse": value}
+                    {
+                        "bits": bits,
+                        "grid": kind,
+                        "sigma_log2": sigma,
+                        "exp_bits": exp_bits,
+                        "relative_mse": value,
+                    }
                 )
     write_table(
         switch_rows,
@@ -47,7 +54,9 @@ def _sparsity(args: argparse.Namespace) -> None:
     from gradcomp.analysis.synthetic import achieved_sparsity_rows
 
     rows = achieved_sparsity_rows(args.sigmas, args.targets, args.zero_fractions, args.numel, args.seed)
-    write_table(rows, args.out, "Target vs achieved sparsity of stochastic pruning on synthetic lognormal gradients")
+    write_table(
+        rows, args.out, "Target vs achieved sparsity of stochastic pruning on synthetic lognormal gradients"
+    )
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -55,18 +64,28 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"gradcomp {__version__}")
     verbs = parser.add_subparsers(dest="verb", required=True)
 
-    verbs.add_parser("info", help="versions, devices and which implementation the ops use").set_defaults(run=_info)
+    verbs.add_parser("info", help="versions, devices and which implementation the ops use").set_defaults(
+        run=_info
+    )
 
-    theory = verbs.add_parser("theory", help="analytic FP quantization MSE of a lognormal and optimal E/M split")
+    theory = verbs.add_parser(
+        "theory", help="analytic FP quantization MSE of a lognormal and optimal E/M split"
+    )
     theory.add_argument("--bits", type=int, nargs="+", default=[4, 5, 6, 8])
-    theory.add_argument("--kinds", nargs="+", default=["ideal", "saturate", "inf"], choices=["ideal", "saturate", "inf"])
+    theory.add_argument(
+        "--kinds", nargs="+", default=["ideal", "saturate", "inf"], choices=["ideal", "saturate", "inf"]
+    )
     theory.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 2.0, 3.0, 4.0])
     theory.add_argument("--sigma-max", type=float, default=20.0)
-    theory.add_argument("--switch-points", required=True, help="CSV path (a Markdown copy is written beside it)")
+    theory.add_argument(
+        "--switch-points", required=True, help="CSV path (a Markdown copy is written beside it)"
+    )
     theory.add_argument("--mse", required=True, help="CSV path (a Markdown copy is written beside it)")
     theory.set_defaults(run=_theory)
 
-    sparsity = verbs.add_parser("sparsity", help="target vs achieved pruning sparsity on synthetic lognormal data")
+    sparsity = verbs.add_parser(
+        "sparsity", help="target vs achieved pruning sparsity on synthetic lognormal data"
+    )
     sparsity.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 2.0, 3.0])
     sparsity.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.85, 0.9, 0.95])
     sparsity.add_argument("--zero-fractions", type=float, nargs="+", default=[0.0, 0.3])

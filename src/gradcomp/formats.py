@@ -1,4 +1,4 @@
-"""Low-bit floating-point formats: one descriptor that every module (theory, torch ops, Triton kernels) agrees on.
+"""Low-bit floating-point formats: one descriptor that theory, torch ops and Triton kernels all agree on.
 
 `FPFormat(E, M, bias, subnormals, overflow)` is sign + E exponent bits + M mantissa bits.
 
@@ -101,7 +101,7 @@ class FPFormat:
 
     # --- the grid -------------------------------------------------------------------------------------------
     def values(self) -> torch.Tensor:
-        """All distinct finite values (negative, zero, positive), sorted, as float64. Formats up to 16 bits."""
+        """All distinct finite values (negative, zero, positive), sorted, float64; formats up to 16 bits."""
         if self.bits > 16:
             raise ValueError(f"values() enumerates formats of at most 16 bits; {self.name} has {self.bits}")
         positive = self.positive_values()

@@ -147,9 +147,7 @@ def truncation_k(log_abs: Tensor, mu: Tensor, sigma: Tensor) -> Tensor:
     return (torch.topk(log_abs.flatten(), top).values[-1] - mu) / sigma
 
 
-def cosine_threshold(
-    sigma: Tensor, cosine: Tensor, k: Tensor | float, iterations: int = 60
-) -> Tensor:
+def cosine_threshold(sigma: Tensor, cosine: Tensor, k: Tensor | float, iterations: int = 60) -> Tensor:
     """alpha_n at which the truncated cosine equals `cosine` (heterogeneous sparsity rule, section 2.7).
 
     The cosine decreases as the threshold grows, so the root is bracketed in ln alpha_n and bisected.

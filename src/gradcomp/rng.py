@@ -69,24 +69,26 @@ def _mix32_(x: Tensor) -> Tensor:
     return x
 
 
-def random_bits(seed: int, numel: int, device: torch.device | str = "cpu") -> Tensor:
-    """bits(seed, i) for i in [0, numel), as an int32 tensor holding the uint32 bit patterns."""
+def random_bits(seed: int, numel: int, device: torch.device | str = "cpu", start: int = 0) -> Tensor:
+    """bits(seed, i) for i in [start, start + numel), as an int32 tensor holding the uint32 bit patterns."""
     k0, k1 = seed_keys(seed)
-    chunks = []
-    for start in range(0, max(numel, 1), _CHUNK):
-        count = min(_CHUNK, numel - start)
-        if count <= 0:
-            break
-        if count <= 1 << 31:
-            counter = torch.arange(count, dtype=torch.int32, device=device)
+    pieces = []
+    position, end = start, start + numel
+    while position < end:  # pieces that share the high word of the counter
+        piece_end = min(end, (position // _CHUNK + 1) * _CHUNK)
+        low = position % _CHUNK
+        count = piece_end - position
+        if low + count <= 1 << 31:
+            counter = torch.arange(low, low + count, dtype=torch.int32, device=device)
         else:  # counters above 2^31 wrap to negative int32, which is the bit pattern we want
-            counter = torch.arange(count, dtype=torch.int64, device=device).to(torch.int32)
+            counter = torch.arange(low, low + count, dtype=torch.int64, device=device).to(torch.int32)
         counter += as_int32(k0)
-        counter ^= as_int32(mix32((start >> 32) ^ k1))
-        chunks.append(_mix32_(counter))
-    if not chunks:
+        counter ^= as_int32(mix32((position >> 32) ^ k1))
+        pieces.append(_mix32_(counter))
+        position = piece_end
+    if not pieces:
         return torch.empty(0, dtype=torch.int32, device=device)
-    return chunks[0] if len(chunks) == 1 else torch.cat(chunks)
+    return pieces[0] if len(pieces) == 1 else torch.cat(pieces)
 
 
 def uniform24(bits: Tensor) -> Tensor:

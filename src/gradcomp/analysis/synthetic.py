@@ -7,7 +7,13 @@ from collections.abc import Callable, Iterable
 import torch
 from torch import Tensor
 
-from gradcomp.ops import gaussian_threshold, laplace_threshold, lognormal_threshold, stochastic_prune, topk_threshold
+from gradcomp.ops import (
+    gaussian_threshold,
+    laplace_threshold,
+    lognormal_threshold,
+    stochastic_prune,
+    topk_threshold,
+)
 
 ESTIMATORS: dict[str, Callable[[Tensor, float], Tensor]] = {
     "lognormal": lognormal_threshold,
@@ -17,7 +23,9 @@ ESTIMATORS: dict[str, Callable[[Tensor, float], Tensor]] = {
 }
 
 
-def signed_lognormal(numel: int, sigma: float, zero_fraction: float = 0.0, mu: float = -8.0, seed: int = 0) -> Tensor:
+def signed_lognormal(
+    numel: int, sigma: float, zero_fraction: float = 0.0, mu: float = -8.0, seed: int = 0
+) -> Tensor:
     """g = +-exp(N(mu, sigma^2)) with a fraction of exact zeros (as ReLU leaves them), float32."""
     generator = torch.Generator().manual_seed(seed)
     magnitude = torch.exp(mu + sigma * torch.randn(numel, generator=generator, dtype=torch.float64))
@@ -28,7 +36,11 @@ def signed_lognormal(numel: int, sigma: float, zero_fraction: float = 0.0, mu: f
 
 
 def achieved_sparsity_rows(
-    sigmas: Iterable[float], targets: Iterable[float], zero_fractions: Iterable[float], numel: int, seed: int = 0
+    sigmas: Iterable[float],
+    targets: Iterable[float],
+    zero_fractions: Iterable[float],
+    numel: int,
+    seed: int = 0,
 ) -> list[dict]:
     """Target vs achieved fraction of zeros after stochastic pruning, for every threshold estimator."""
     rows = []

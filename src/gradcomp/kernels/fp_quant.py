@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import math
+
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from gradcomp.kernels.rng import random_uint32
+from gradcomp.kernels.rng import random_uint32, uniform24
 from gradcomp.rng import as_int32, seed_keys
 
 BLOCK = 1024
@@ -52,7 +54,9 @@ def _quantize_fp_kernel(
         if STOCHASTIC:
             rounded_bits = magnitude_bits + (random >> (32 - DISCARD)).to(tl.int32)
         else:
-            rounded_bits = magnitude_bits + ((1 << (DISCARD - 1)) - 1) + (((magnitude_bits >> DISCARD) + TIE_OFFSET) & 1)
+            rounded_bits = (
+                magnitude_bits + ((1 << (DISCARD - 1)) - 1) + (((magnitude_bits >> DISCARD) + TIE_OFFSET) & 1)
+            )
         rounded_bits = rounded_bits & -(1 << DISCARD)
     else:
         rounded_bits = magnitude_bits
@@ -63,8 +67,7 @@ def _quantize_fp_kernel(
     if STOCHASTIC:
         t = tiny * TO_Q0 * TO_Q1
         whole = tl.floor(t)
-        threshold = tl.ceil((t - whole) * 4294967296.0).to(tl.int64)
-        up = random.to(tl.int64) < threshold
+        up = uniform24(random) < (t - whole) * 16777216.0
         small = (whole + up.to(tl.float32)) * FROM_Q0 * FROM_Q1
     else:
         small = (tiny + MAGIC) - MAGIC
@@ -75,11 +78,12 @@ def _quantize_fp_kernel(
     out = rounded * tl.load(inv_scale_ptr)
     finite = tl.abs(x) < float("inf")
     out = tl.where(finite, out, x)
-    out = tl.where((scale > 0) & (scale < float("inf")), out, float("nan"))
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def quantize_fp_triton(x: Tensor, plan, scale: Tensor, stochastic: bool, seed: int, block: int = BLOCK) -> Tensor:
+def quantize_fp_triton(
+    x: Tensor, plan, scale: Tensor, stochastic: bool, seed: int, block: int = BLOCK
+) -> Tensor:
     """Launch on a float16/bfloat16/float32 tensor; `plan` is the op's `RoundingPlan` for float32."""
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"quantize_fp kernel takes float16/bfloat16/float32, got {x.dtype}")
@@ -87,11 +91,14 @@ def quantize_fp_triton(x: Tensor, plan, scale: Tensor, stochastic: bool, seed: i
     out = torch.empty_like(x_flat)
     k0, k1 = seed_keys(seed)
     n = x_flat.numel()
+    scale = scale.to(torch.float32)
+    # a bad scale turns every finite output into NaN through the inverse scale (no host check)
+    inverse_scale = torch.where((scale > 0) & torch.isfinite(scale), torch.reciprocal(scale), math.nan)
     _quantize_fp_kernel[(triton.cdiv(n, block),)](
         x_flat,
         out,
-        scale.to(torch.float32),
-        torch.reciprocal(scale.to(torch.float32)),
+        scale,
+        inverse_scale,
         n,
         as_int32(k0),
         as_int32(k1),

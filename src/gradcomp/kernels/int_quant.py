@@ -41,16 +41,35 @@ def stochastic_affine_triton(
     k0, k1 = seed_keys(seed)
     n = rows.numel()
     _stochastic_affine_kernel[(triton.cdiv(n, block),)](
-        rows, out, zero, scale, inv_scale, n, rows.shape[1], float(levels), as_int32(k0), as_int32(k1),
-        BLOCK=block, enable_fp_fusion=False,
+        rows,
+        out,
+        zero,
+        scale,
+        inv_scale,
+        n,
+        rows.shape[1],
+        float(levels),
+        as_int32(k0),
+        as_int32(k1),
+        BLOCK=block,
+        enable_fp_fusion=False,
     )
     return out
 
 
 @triton.jit
 def _householder_kernel(
-    src_ptr, dst_ptr, members_ptr, starts_ptr, v_ptr, pre_ptr, post_ptr, row_length,
-    HAS_PRE: tl.constexpr, HAS_POST: tl.constexpr, BLOCK_COLUMNS: tl.constexpr,
+    src_ptr,
+    dst_ptr,
+    members_ptr,
+    starts_ptr,
+    v_ptr,
+    pre_ptr,
+    post_ptr,
+    row_length,
+    HAS_PRE: tl.constexpr,
+    HAS_POST: tl.constexpr,
+    BLOCK_COLUMNS: tl.constexpr,
 ):
     """One program per (block, column tile): w = sum_r v_r z_r over the block's rows, then
     dst_r = (z_r - 2 v_r w) * post_r with z_r = src_r * pre_r. Rows are visited in ascending order, the
@@ -79,7 +98,11 @@ def _householder_kernel(
 
 
 def householder_triton(
-    rows: Tensor, transform, pre_scale: Tensor | None, post_scale: Tensor | None, block_columns: int = BLOCK_COLUMNS
+    rows: Tensor,
+    transform,
+    pre_scale: Tensor | None,
+    post_scale: Tensor | None,
+    block_columns: int = BLOCK_COLUMNS,
 ) -> Tensor:
     """H_blocks(rows * pre_scale) * post_scale for a `BlockHouseholder` transform (float32 rows (N, D))."""
     rows = rows.contiguous()
@@ -89,9 +112,17 @@ def householder_triton(
     starts[1:] = torch.cumsum(torch.bincount(transform.block, minlength=n_rows), 0)
     out = torch.empty_like(rows)
     _householder_kernel[(n_rows, triton.cdiv(row_length, block_columns))](
-        rows, out, members, starts, transform.v,
-        pre_scale if pre_scale is not None else rows, post_scale if post_scale is not None else rows,
-        row_length, HAS_PRE=pre_scale is not None, HAS_POST=post_scale is not None,
-        BLOCK_COLUMNS=block_columns, enable_fp_fusion=False,
+        rows,
+        out,
+        members,
+        starts,
+        transform.v,
+        pre_scale if pre_scale is not None else rows,
+        post_scale if post_scale is not None else rows,
+        row_length,
+        HAS_PRE=pre_scale is not None,
+        HAS_POST=post_scale is not None,
+        BLOCK_COLUMNS=block_columns,
+        enable_fp_fusion=False,
     )
     return out

@@ -27,7 +27,9 @@ def _stochastic_prune_kernel(x_ptr, out_ptr, alpha_ptr, keep_scale_ptr, n, k0, k
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
-def stochastic_prune_triton(x: Tensor, alpha: Tensor, keep_scale: Tensor, seed: int, block: int = BLOCK) -> Tensor:
+def stochastic_prune_triton(
+    x: Tensor, alpha: Tensor, keep_scale: Tensor, seed: int, block: int = BLOCK
+) -> Tensor:
     """alpha and keep_scale = 2^24 / alpha are float32 0-d tensors on x's device."""
     x_flat = x.contiguous().view(-1)
     out = torch.empty_like(x_flat)

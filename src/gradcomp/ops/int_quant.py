@@ -7,7 +7,8 @@ affinely onto the integer codes 0..B (B = 2^bits - 1), rounds stochastically and
 * "bhq": PSQ applied after the block-Householder transform T (section 2.6), then T^-1. T is built from the
   row ranges and applied structurally: per-row scaling plus one reflection y = z - 2 v (v^T z) per block,
   O(N*D) work, never a dense N x N matrix, and no host sync.
-PTQ and PSQ reproduce a group whose range is 0 exactly (BHQ mixes rows: only all zeros stay exact); an element sharing its scale with a NaN or Inf comes out NaN
+PTQ and PSQ reproduce a group whose range is 0 exactly (BHQ mixes rows: only all zeros stay exact).
+An element sharing its scale with a NaN or Inf comes out NaN
 (PTQ: the whole tensor, PSQ: the row, BHQ: the whole tensor, since the transform mixes rows).
 """
 
@@ -147,7 +148,7 @@ def _unsort(sorted_values: Tensor, order: Tensor) -> Tensor:
 
 
 def _householder_max_entry(size: Tensor) -> Tensor:
-    """max |entry| of H_n = I - 2vv^T with H_n e_1 = 1/sqrt(n): 1/sqrt(n), 1 - 1/(n - sqrt n), 1/(n - sqrt n)."""
+    """max |entry| of H_n (H_n e_1 = 1/sqrt n): of 1/sqrt n, |1 - 1/(n - sqrt n)| and 1/(n - sqrt n)."""
     root = size.sqrt()
     off = 1 / (size - root)
     return torch.maximum(torch.maximum(1 / root, (1 - off).abs()), torch.where(size >= 3, off, 0.0))

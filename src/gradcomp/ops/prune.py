@@ -14,6 +14,7 @@ from torch import Tensor
 
 from gradcomp import lognormal
 from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.stats import log_moments
 from gradcomp.rng import random_bits, resolve_seed, uniform24
 
@@ -44,12 +45,15 @@ def stochastic_prune(
         from gradcomp.kernels.prune import stochastic_prune_triton
 
         return stochastic_prune_triton(x, alpha_t, keep_scale, seed)
-    xc = x.to(layout.float_dtype).contiguous()
-    magnitude = xc.abs()
-    keep = uniform24(random_bits(seed, x.numel(), x.device)).view(x.shape) < magnitude * keep_scale
-    promoted = torch.where(keep, alpha_t, 0.0).view(layout.int_dtype)
-    promoted |= xc.view(layout.int_dtype) & layout.sign_mask
-    return torch.where(magnitude < alpha_t, promoted.view(layout.float_dtype), xc).to(x.dtype)
+
+    def prune_chunk(chunk: Tensor, offset: int) -> Tensor:
+        values = chunk.to(layout.float_dtype)
+        magnitude = values.abs()
+        keep = uniform24(random_bits(seed, values.numel(), x.device, offset)) < magnitude * keep_scale
+        promoted = torch.copysign(keep * alpha_t, values)
+        return torch.where(magnitude < alpha_t, promoted, values)
+
+    return map_chunks(x, prune_chunk)
 
 
 def _prunable_target(numel: int, count_nonzero: Tensor, count_zero: Tensor, sparsity: float) -> Tensor:
@@ -128,7 +132,7 @@ def topk_threshold(x: Tensor, sparsity: float) -> Tensor:
     """
     check_float(x, "topk_threshold")
     _check_sparsity(sparsity)
-    values, count, zeros = _prunable(x)
+    values, _, zeros = _prunable(x)
     wanted = sparsity * x.numel() - zeros  # expected new zeros
     if values.numel() == 0:
         return _finish(torch.zeros((), dtype=torch.float64, device=x.device), wanted, x)

@@ -6,6 +6,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp.ops._chunked import sum_chunks
 
 MOMENT_FIELDS = ("count_nonzero", "sum_log", "sum_log_sq", "count_zero")
 
@@ -23,14 +24,19 @@ def log_moments(x: Tensor, backend: Backend = "auto") -> Tensor:
         from gradcomp.kernels.stats import log_moments_triton
 
         return log_moments_triton(x)
-    magnitude = x.to(compute_layout(x.dtype).float_dtype).abs()
-    nonzero = (magnitude > 0) & (magnitude < torch.inf)
-    log_abs = torch.where(nonzero, torch.log(magnitude), 0.0)
-    return torch.stack(
-        [
-            nonzero.sum(dtype=torch.float64),
-            log_abs.sum(dtype=torch.float64),
-            (log_abs * log_abs).sum(dtype=torch.float64),
-            (magnitude == 0).sum(dtype=torch.float64),
-        ]
-    )
+    float_dtype = compute_layout(x.dtype).float_dtype
+
+    def chunk_moments(chunk: Tensor) -> tuple[Tensor, ...]:
+        magnitude = chunk.to(float_dtype).abs()
+        zero = magnitude == 0
+        log_abs = torch.log(magnitude + zero)  # zeros become ln 1 = 0 (and avoid the slow -inf path)
+        sum_log, sum_log_sq = log_abs.sum(), torch.dot(log_abs, log_abs)
+        zeros = zero.sum()
+        if not torch.isfinite(sum_log_sq):  # NaN or Inf in this chunk: leave them out
+            finite = torch.isfinite(log_abs)
+            log_abs = torch.where(finite, log_abs, 0.0)
+            sum_log, sum_log_sq = log_abs.sum(), torch.dot(log_abs, log_abs)
+            return finite.sum() - zeros, sum_log, sum_log_sq, zeros
+        return magnitude.numel() - zeros, sum_log, sum_log_sq, zeros
+
+    return sum_chunks(x, chunk_moments)
