@@ -86,6 +86,20 @@ def test_zeros_beyond_the_target_mean_no_pruning():
     assert lognormal_threshold(torch.zeros(100), 0.9).item() == 0.0
 
 
+def test_thresholds_ignore_non_finite_values_and_handle_empty_input():
+    g = signed_lognormal(10000, 2.0, seed=3)
+    poisoned = g.clone()
+    poisoned[:10] = torch.tensor([math.nan, math.inf, -math.inf] * 3 + [math.nan])
+    for estimator in (lognormal_threshold, gaussian_threshold, laplace_threshold, topk_threshold):
+        # NaN/Inf are neither pruned nor counted as zeros, so the finite part is pruned a bit harder
+        assert torch.isfinite(estimator(poisoned, 0.8)) and estimator(poisoned, 0.8) > 0
+        assert estimator(torch.empty(0), 0.8).item() == 0.0
+        assert estimator(torch.zeros(7), 0.8).item() == 0.0
+    pruned = stochastic_prune(poisoned, lognormal_threshold(poisoned, 0.8), seed=0)
+    assert ((pruned == 0).double().mean() - 0.8).abs() < 0.01
+    assert torch.isnan(pruned[:10]).sum() == 4 and torch.isinf(pruned[:10]).sum() == 6
+
+
 def test_thresholds_reject_bad_sparsity():
     g = signed_lognormal(100, 1.0)
     for estimator in (lognormal_threshold, gaussian_threshold, laplace_threshold, topk_threshold):

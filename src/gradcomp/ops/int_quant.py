@@ -25,7 +25,9 @@ from gradcomp._backend import Backend, check_float, compute_layout, use_triton
 from gradcomp.rng import random_bits, resolve_seed, uniform24
 
 Scheme = Literal["ptq", "psq", "bhq"]
-RANGE_EPS = 1e-8  # BHQ's range padding, relative to the largest row range so the quantizer is scale-free
+# BHQ pads row ranges by RANGE_EPS times the largest range (the reference code pads by an absolute 1e-8, which
+# would swamp gradients of magnitude 1e-8 and below); relative padding keeps the quantizer scale-free
+RANGE_EPS = 1e-8
 
 
 def quantize_int(
