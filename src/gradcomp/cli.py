@@ -59,6 +59,39 @@ def _sparsity(args: argparse.Namespace) -> None:
     )
 
 
+def _train(args: argparse.Namespace) -> None:
+    from gradcomp.train import resolve_config, train
+
+    overrides = {key: getattr(args, key) for key in TRAIN_FLAGS}
+    overrides["resume"] = args.resume or None
+    config = resolve_config(args.config, **overrides)
+    summary = train(config)
+    accuracy = summary["final_test_accuracy"]
+    sparsity = summary["gradient_sparsity"]
+    print(
+        f"{config.out}: test accuracy {accuracy:.4f} after {summary['steps']} steps"
+        + (f", gradient sparsity {sparsity:.4f}" if sparsity is not None else "")
+    )
+
+
+# flag -> (type, help); each overrides the config key of the same name
+TRAIN_FLAGS = {
+    "model": (str, "timm model name (default: per dataset, e.g. resnet18)"),
+    "dataset": (str, "fashion-mnist | cifar10 | cifar100 | imagenet | synthetic"),
+    "data_dir": (str, "dataset location (CIFAR/ImageNet; Fashion-MNIST defaults to the Debian package)"),
+    "policy": (str, "NAME[:key=value,...][+NAME...], e.g. prune:sparsity=0.85 or int:bits=5,scheme=bhq"),
+    "epochs": (int, "training epochs"),
+    "max_steps": (int, "stop after this many optimizer steps"),
+    "batch_size": (int, "training batch size"),
+    "lr": (float, "peak learning rate"),
+    "seed": (int, "random seed (data order, init, compression)"),
+    "out": (str, "output directory"),
+    "subset_per_class": (int, "train on the first N images of each class"),
+    "refresh": (str, "statistics refresh: step | epoch | K (every K steps)"),
+    "device": (str, "auto | cpu | cuda"),
+}
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradcomp", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gradcomp {__version__}")
@@ -93,6 +126,13 @@ def build_parser() -> argparse.ArgumentParser:
     sparsity.add_argument("--seed", type=int, default=0)
     sparsity.add_argument("--out", required=True, help="CSV path (a Markdown copy is written beside it)")
     sparsity.set_defaults(run=_sparsity)
+
+    train = verbs.add_parser("train", help="train a timm model with compressed neural gradients")
+    train.add_argument("--config", help="YAML file of training config keys (flags override it)")
+    for flag, (kind, text) in TRAIN_FLAGS.items():
+        train.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind, help=text)
+    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt when it exists")
+    train.set_defaults(run=_train)
     return parser
 
 

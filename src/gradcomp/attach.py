@@ -1,0 +1,353 @@
+"""Put a compression policy on the neural gradients of any torch / timm model.
+
+`attach(model, policy)` selects layers by type and fully-qualified-name patterns and compresses the gradient
+with respect to each selected layer's output (placement "output", the default: the gradient that feeds
+both the input-gradient and the weight-gradient GEMMs) or input (placement "input", e.g. the BatchNorm
+inputs where the lognormal paper prunes, section 2.8).
+
+* One-stream policies (none, prune, fp) use an identity autograd Function applied in a forward hook. It marks
+  its input dirty instead of returning a view, so in-place ops that follow (timm's ReLU(inplace=True),
+  `x += shortcut`) keep working; module full-backward hooks would break there.
+* Two-stream policies (int, with a separate weight-gradient quantizer) wrap the layer's forward in a
+  Function that records the layer's local graph once and, in backward, differentiates it twice: the input
+  gradient from the activation-path quantizer and the parameter gradients from the weight-path quantizer.
+  No second forward pass.
+
+Statistics are refreshed on a schedule (every step, every K steps, or at the first step of each epoch) and
+compression starts after `warmup_steps`. Random seeds derive from (seed, step, layer, stream), so compression
+never draws from torch's global generator.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor, nn
+
+from gradcomp.policies import LayerStats, Policy, parse_policy
+from gradcomp.rng import mix32
+
+LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
+    "conv": (nn.Conv1d, nn.Conv2d, nn.Conv3d),
+    "linear": (nn.Linear,),
+    "bn": (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d),
+}
+GradientObserver = Callable[[str, Tensor], None]
+
+
+@dataclass
+class Schedule:
+    """When statistics are refreshed and when compression starts.
+
+    refresh: "step" (every step), an integer K (every K steps), or "epoch" (first step of every epoch, as in
+    the reference code).
+    """
+
+    refresh: str | int = "step"
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        valid = self.refresh in ("step", "epoch") or (isinstance(self.refresh, int) and self.refresh >= 1)
+        if not valid:
+            raise ValueError(f"refresh must be 'step', 'epoch' or a positive integer, got {self.refresh!r}")
+        if self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
+
+
+@dataclass
+class LayerState:
+    """One compressed layer: its statistics and what compression did to it since the last reset."""
+
+    name: str
+    index: int
+    stats: LayerStats = field(default_factory=LayerStats)
+    refresh: bool = True
+    zeros: Tensor | None = None  # zeros in the compressed gradient (on device, no sync)
+    numel: int = 0
+
+
+class Attachment:
+    """Handle returned by `attach`: drives the schedule, reports statistics, and detaches."""
+
+    def __init__(self, policy: Policy, schedule: Schedule, seed: int) -> None:
+        self.policy = policy
+        self.schedule = schedule
+        self.seed = seed
+        self.layers: list[LayerState] = []
+        self.observers: list[GradientObserver] = []
+        self.step = 0
+        self._epoch_start = True
+        self._undo: list[Callable[[], None]] = []
+
+    # --- schedule -------------------------------------------------------------------------------------------
+    def begin_step(self, step: int, epoch_start: bool = False) -> None:
+        """Call before each training step's backward: decides whether statistics are refreshed."""
+        self.step = step
+        refresh = self.schedule.refresh
+        due = (
+            refresh == "step"
+            or (refresh == "epoch" and epoch_start)
+            or (isinstance(refresh, int) and step % refresh == 0)
+        )
+        for layer in self.layers:
+            layer.refresh = layer.refresh or due
+
+    @property
+    def active(self) -> bool:
+        return self.step >= self.schedule.warmup_steps
+
+    # --- the backward side ----------------------------------------------------------------------------------
+    def _seed(self, layer: LayerState, stream: int) -> int:
+        return mix32(mix32(self.seed ^ mix32(self.step)) ^ (layer.index * 2 + stream))
+
+    def compress(self, layer: LayerState, g: Tensor, weight_path: bool = False) -> Tensor:
+        if not weight_path:
+            for observe in self.observers:
+                observe(layer.name, g)
+        if not self.active:
+            return g
+        refresh = layer.refresh
+        if weight_path:
+            out = self.policy.compress_weight_path(g, layer.stats, refresh, self._seed(layer, 1))
+        else:
+            out = self.policy.compress(g, layer.stats, refresh, self._seed(layer, 0))
+            layer.refresh = False
+            zeros = (out == 0).sum()
+            layer.zeros = zeros if layer.zeros is None else layer.zeros + zeros
+            layer.numel += out.numel()
+        return out
+
+    # --- reporting ------------------------------------------------------------------------------------------
+    def reset_counts(self) -> None:
+        for layer in self.layers:
+            layer.zeros, layer.numel = None, 0
+
+    def sparsity(self) -> float | None:
+        """Fraction of zeros in the compressed gradients since the last reset (one host sync)."""
+        counted = [layer for layer in self.layers if layer.numel]
+        if not counted:
+            return None
+        zeros = torch.stack([layer.zeros.to("cpu", torch.float64) for layer in counted]).sum()
+        return float(zeros) / sum(layer.numel for layer in counted)
+
+    def layer_summary(self) -> dict[str, dict]:
+        """Per layer: achieved sparsity, fitted (mu, sigma) of ln|g|, threshold, FP scale and format."""
+        fmt = getattr(self.policy, "format", None)
+        summary = {}
+        for layer in self.layers:
+            stats = _leaf_stats(layer.stats)
+            summary[layer.name] = {
+                "sparsity": float(layer.zeros) / layer.numel if layer.numel else None,
+                "mu": _scalar(stats.get("mu")),
+                "sigma": _scalar(stats.get("sigma")),
+                "threshold": _scalar(stats.get("threshold")),
+                "scale": _scalar(stats.get("scale")),
+                "format": fmt,
+            }
+        return summary
+
+    def state_dict(self) -> dict:
+        """Statistics, pending refreshes and counts of every layer (for checkpoints)."""
+        return {
+            "step": self.step,
+            "layers": {
+                layer.name: {
+                    "stats": _stats_to_dict(layer.stats),
+                    "refresh": layer.refresh,
+                    "zeros": layer.zeros,
+                    "numel": layer.numel,
+                }
+                for layer in self.layers
+            },
+        }
+
+    def load_state_dict(self, state: dict) -> None:
+        self.step = state["step"]
+        for layer in self.layers:
+            saved = state["layers"].get(layer.name)
+            if saved is not None:
+                layer.stats = _stats_from_dict(saved["stats"])
+                layer.refresh, layer.zeros, layer.numel = saved["refresh"], saved["zeros"], saved["numel"]
+
+    def detach(self) -> None:
+        """Remove every hook and wrapper: the model is as before `attach`."""
+        while self._undo:
+            self._undo.pop()()
+
+
+def _scalar(value: Tensor | None) -> float | None:
+    return None if value is None else float(value)
+
+
+def _leaf_stats(stats: LayerStats) -> dict[str, Tensor]:
+    """The statistics of a layer, merged over the members of a chain (later members win)."""
+    merged = {}
+    for part in [stats, *stats.parts]:
+        for key in ("mu", "sigma", "threshold", "scale"):
+            if getattr(part, key) is not None:
+                merged[key] = getattr(part, key)
+    return merged
+
+
+def _stats_to_dict(stats: LayerStats) -> dict:
+    return {
+        "mu": stats.mu,
+        "sigma": stats.sigma,
+        "threshold": stats.threshold,
+        "scale": stats.scale,
+        "parts": [_stats_to_dict(part) for part in stats.parts],
+    }
+
+
+def _stats_from_dict(state: dict) -> LayerStats:
+    return LayerStats(
+        mu=state["mu"],
+        sigma=state["sigma"],
+        threshold=state["threshold"],
+        scale=state["scale"],
+        parts=[_stats_from_dict(part) for part in state["parts"]],
+    )
+
+
+class _CompressOutputGradient(torch.autograd.Function):
+    """Identity in forward; compresses the gradient in backward. Marks its input dirty (returns it as the
+    output) rather than returning a view, so that later in-place ops on the activation stay legal."""
+
+    @staticmethod
+    def forward(ctx, x: Tensor, attachment: Attachment, layer: LayerState) -> Tensor:
+        ctx.attachment, ctx.layer = attachment, layer
+        ctx.mark_dirty(x)
+        return x
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        return ctx.attachment.compress(ctx.layer, g), None, None
+
+
+class _TwoStreamLayer(torch.autograd.Function):
+    """Runs a layer once, keeping its local graph; backward differentiates it separately for the input (with
+    the activation-path gradient) and for the parameters (with the weight-path gradient)."""
+
+    @staticmethod
+    def forward(
+        ctx, attachment: Attachment, layer: LayerState, forward: Callable, x: Tensor, *params: Tensor
+    ):
+        with torch.enable_grad():
+            local_input = x.detach().requires_grad_(x.requires_grad)
+            out = forward(local_input)
+        ctx.attachment, ctx.layer, ctx.out, ctx.local_input = attachment, layer, out, local_input
+        ctx.params = params
+        return out.detach()
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        attachment, layer = ctx.attachment, ctx.layer
+        input_grad = None
+        if ctx.local_input.requires_grad:
+            g_input = attachment.compress(layer, g)
+            (input_grad,) = torch.autograd.grad(ctx.out, ctx.local_input, g_input, retain_graph=True)
+        param_grads: Sequence[Tensor | None] = ()
+        if ctx.params:
+            g_weight = attachment.compress(layer, g, weight_path=True)
+            param_grads = torch.autograd.grad(ctx.out, ctx.params, g_weight, allow_unused=True)
+        elif not ctx.local_input.requires_grad:
+            attachment.compress(layer, g)  # keep the statistics and counts flowing
+        del ctx.out, ctx.local_input
+        return None, None, None, input_grad, *param_grads
+
+
+def select_layers(
+    model: nn.Module,
+    types: Sequence[str] = ("conv", "linear"),
+    include: Sequence[str] = ("*",),
+    exclude: Sequence[str] = (),
+) -> list[tuple[str, nn.Module]]:
+    """(name, module) of the layers of the given types whose names match an include and no exclude pattern."""
+    unknown = set(types) - set(LAYER_TYPES)
+    if unknown:
+        raise ValueError(f"unknown layer types {sorted(unknown)}; choose from {sorted(LAYER_TYPES)}")
+    classes = tuple(cls for t in types for cls in LAYER_TYPES[t])
+    chosen = [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, classes)
+        and any(fnmatch.fnmatchcase(name, p) for p in include)
+        and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+    ]
+    if not chosen:
+        raise ValueError(
+            f"no layer of types {list(types)} matches include={list(include)} exclude={list(exclude)}"
+        )
+    return chosen
+
+
+def attach(
+    model: nn.Module,
+    policy: Policy | str,
+    types: Sequence[str] = ("conv", "linear"),
+    include: Sequence[str] = ("*",),
+    exclude: Sequence[str] = (),
+    placement: str = "output",
+    schedule: Schedule | None = None,
+    seed: int = 0,
+) -> Attachment:
+    """Compress the neural gradients of the selected layers of `model` with `policy` (see the module doc)."""
+    policy = parse_policy(policy)
+    if placement not in ("output", "input"):
+        raise ValueError(f"placement must be 'output' or 'input', got {placement!r}")
+    attachment = Attachment(policy, schedule or Schedule(), seed)
+    for index, (name, module) in enumerate(select_layers(model, types, include, exclude)):
+        layer = LayerState(name, index)
+        attachment.layers.append(layer)
+        if policy.two_streams:
+            if placement != "output":
+                raise ValueError("two-stream policies (int) act on layer outputs; use placement='output'")
+            attachment._undo.append(_wrap_forward(module, attachment, layer))
+        elif placement == "output":
+            handle = module.register_forward_hook(_output_hook(attachment, layer))
+            attachment._undo.append(handle.remove)
+        else:
+            handle = module.register_forward_pre_hook(_input_hook(attachment, layer))
+            attachment._undo.append(handle.remove)
+    return attachment
+
+
+def _output_hook(attachment: Attachment, layer: LayerState):
+    def hook(module: nn.Module, inputs, output):
+        if isinstance(output, Tensor) and output.requires_grad:
+            return _CompressOutputGradient.apply(output, attachment, layer)
+        return output
+
+    return hook
+
+
+def _input_hook(attachment: Attachment, layer: LayerState):
+    def hook(module: nn.Module, inputs):
+        if inputs and isinstance(inputs[0], Tensor) and inputs[0].requires_grad:
+            # the input may be a view or saved elsewhere: compress a fresh alias of it
+            return (_CompressOutputGradient.apply(inputs[0] * 1, attachment, layer), *inputs[1:])
+        return None
+
+    return hook
+
+
+def _wrap_forward(module: nn.Module, attachment: Attachment, layer: LayerState) -> Callable[[], None]:
+    original = module.forward
+
+    def forward(x: Tensor, *args, **kwargs):
+        if not torch.is_grad_enabled():
+            return original(x, *args, **kwargs)
+        params = tuple(p for p in module.parameters(recurse=False) if p.requires_grad)
+        return _TwoStreamLayer.apply(
+            attachment, layer, lambda inp: original(inp, *args, **kwargs), x, *params
+        )
+
+    module.forward = forward
+
+    def undo() -> None:
+        del module.forward
+
+    return undo

@@ -1,0 +1,296 @@
+"""Datasets: Fashion-MNIST (offline, the default), CIFAR-10/100 and ImageNet from user paths, synthetic.
+
+Small datasets are held in memory as uint8 tensors and batched here: the order of each epoch and every
+augmentation draw come from generators seeded by (seed, epoch, batch), so a run resumed in the middle of an
+epoch sees exactly the batches an uninterrupted run would. ImageNet streams from an ImageFolder with the same
+batching interface.
+"""
+
+from __future__ import annotations
+
+import gzip
+import struct
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import Tensor
+
+FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
+DATASETS = ("fashion-mnist", "cifar10", "cifar100", "imagenet", "synthetic")
+_STATS = {  # per-channel mean and std of the training images in [0, 1]
+    "fashion-mnist": ((0.2860,), (0.3530,)),
+    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
+    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
+    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
+    "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
+}
+
+
+class DatasetNotFound(FileNotFoundError):
+    """A dataset is missing; the message says where it was looked for and how to get it."""
+
+
+@dataclass
+class ImageSet:
+    """Images (uint8, N x C x H x W) and labels (int64) of one split, held in memory."""
+
+    images: Tensor
+    labels: Tensor
+    num_classes: int
+    mean: tuple[float, ...]
+    std: tuple[float, ...]
+    augment: bool = False  # random crop (padding 4) and horizontal flip when training
+
+    def __len__(self) -> int:
+        return self.labels.numel()
+
+    @property
+    def in_chans(self) -> int:
+        return self.images.shape[1]
+
+    @property
+    def image_size(self) -> int:
+        return self.images.shape[-1]
+
+    def subset_per_class(self, count: int | None) -> ImageSet:
+        """The first `count` images of every class (deterministic), or everything when count is None."""
+        if count is None:
+            return self
+        keep = torch.cat([torch.nonzero(self.labels == c).flatten()[:count] for c in range(self.num_classes)])
+        keep = keep.sort().values
+        return ImageSet(
+            self.images[keep], self.labels[keep], self.num_classes, self.mean, self.std, self.augment
+        )
+
+    def batches(
+        self,
+        batch_size: int,
+        shuffle: bool,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        drop_last: bool = False,
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        """Normalised float batches; with shuffle, the epoch's order and augmentations depend only on
+        (seed, epoch), and `start` skips batches without changing what follows."""
+        n = len(self)
+        order = torch.randperm(n, generator=_generator(seed, epoch)) if shuffle else torch.arange(n)
+        count = n // batch_size if drop_last else -(-n // batch_size)
+        mean = torch.tensor(self.mean).view(1, -1, 1, 1)
+        std = torch.tensor(self.std).view(1, -1, 1, 1)
+        for index in range(start, count):
+            chosen = order[index * batch_size : (index + 1) * batch_size]
+            images = self.images[chosen].float().div_(255)
+            if self.augment and shuffle:
+                images = _crop_and_flip(images, _generator(seed, epoch, index + 1))
+            yield (images - mean) / std, self.labels[chosen]
+
+    def steps_per_epoch(self, batch_size: int, drop_last: bool) -> int:
+        return len(self) // batch_size if drop_last else -(-len(self) // batch_size)
+
+
+def _generator(*keys: int) -> torch.Generator:
+    seed = 0
+    for key in keys:
+        seed = (seed * 1_000_003 + key + 1) % (2**63)
+    return torch.Generator().manual_seed(seed)
+
+
+def _crop_and_flip(images: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
+    n, _, h, w = images.shape
+    padded = torch.nn.functional.pad(images, (padding,) * 4)
+    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    rows = (dy[:, None] + torch.arange(h))[:, None, :, None]
+    cols = (dx[:, None] + torch.arange(w))[:, None, None, :]
+    cropped = padded[
+        torch.arange(n)[:, None, None, None], torch.arange(images.shape[1])[None, :, None, None], rows, cols
+    ]
+    flip = torch.rand(n, generator=generator) < 0.5
+    cropped[flip] = cropped[flip].flip(-1)
+    return cropped
+
+
+# --- readers ------------------------------------------------------------------------------------------------
+def read_idx(path: Path) -> np.ndarray:
+    """An IDX file (the MNIST format), gzipped or not, as a numpy array."""
+    opener = gzip.open if path.suffix == ".gz" else open
+    with opener(path, "rb") as handle:
+        data = handle.read()
+    _, dtype_code, dims = struct.unpack(">HBB", data[:4])
+    if dtype_code != 0x08:
+        raise ValueError(f"{path}: only unsigned-byte IDX files are supported")
+    shape = struct.unpack(f">{dims}I", data[4 : 4 + 4 * dims])
+    return np.frombuffer(data, dtype=np.uint8, offset=4 + 4 * dims).reshape(shape)
+
+
+def _find_idx(directory: Path, stem: str) -> Path | None:
+    for candidate in (directory / f"{stem}.gz", directory / stem, directory / "FashionMNIST" / "raw" / stem):
+        if candidate.exists():
+            return candidate
+    return None
+
+
+def load_fashion_mnist(data_dir: Path | None, train: bool) -> ImageSet:
+    """From `data_dir` if given, else the Debian package's files; torchvision's download as the last resort."""
+    prefix = "train" if train else "t10k"
+    searched = [d for d in (data_dir, FASHION_MNIST_SYSTEM_DIR) if d is not None]
+    for directory in searched:
+        images = _find_idx(Path(directory), f"{prefix}-images-idx3-ubyte")
+        labels = _find_idx(Path(directory), f"{prefix}-labels-idx1-ubyte")
+        if images and labels:
+            return ImageSet(
+                torch.from_numpy(read_idx(images).copy()).unsqueeze(1),
+                torch.from_numpy(read_idx(labels).astype(np.int64)),
+                10,
+                *_STATS["fashion-mnist"],
+            )
+    root = Path(data_dir or Path.home() / ".cache" / "gradcomp")
+    try:
+        from torchvision.datasets import FashionMNIST
+
+        dataset = FashionMNIST(str(root), train=train, download=True)
+    except Exception as error:
+        raise DatasetNotFound(
+            f"Fashion-MNIST not found in {', '.join(map(str, searched))} and the download into {root} failed "
+            f"({type(error).__name__}: {error}). Install it with `apt-get install dataset-fashion-mnist` "
+            "(Debian/Ubuntu, files in /usr/share/datasets/fashion-mnist) or put the four IDX files in --data-dir."
+        ) from error
+    return ImageSet(dataset.data.unsqueeze(1), dataset.targets.long(), 10, *_STATS["fashion-mnist"])
+
+
+def load_cifar(name: str, data_dir: Path | None, train: bool) -> ImageSet:
+    from torchvision.datasets import CIFAR10, CIFAR100
+
+    cls, folder, url = (
+        (CIFAR10, "cifar-10-batches-py", "cifar-10-python.tar.gz")
+        if name == "cifar10"
+        else (CIFAR100, "cifar-100-python", "cifar-100-python.tar.gz")
+    )
+    if data_dir is None:
+        raise DatasetNotFound(f"{name} needs --data-dir (a folder holding {folder}/)")
+    try:
+        dataset = cls(str(data_dir), train=train, download=False)
+    except RuntimeError as error:
+        raise DatasetNotFound(
+            f"{name} not found: expected {Path(data_dir) / folder}/. Download {url} from "
+            f"https://www.cs.toronto.edu/~kriz/cifar.html and extract it into {data_dir}."
+        ) from error
+    images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
+    return ImageSet(images, torch.tensor(dataset.targets), len(dataset.classes), *_STATS[name], augment=train)
+
+
+def make_synthetic(
+    train: bool,
+    num_classes: int = 10,
+    image_size: int = 16,
+    channels: int = 3,
+    per_class: int = 64,
+    seed: int = 0,
+) -> ImageSet:
+    """Learnable random images: a smooth random prototype per class plus noise (tests and dry runs)."""
+    generator = torch.Generator().manual_seed(seed)
+    coarse = torch.rand(num_classes, channels, 4, 4, generator=generator)
+    prototypes = torch.nn.functional.interpolate(
+        coarse, size=image_size, mode="bilinear", align_corners=False
+    )
+    noise_generator = torch.Generator().manual_seed(seed + (1 if train else 2))
+    labels = torch.arange(num_classes).repeat_interleave(per_class)
+    noise = 0.25 * torch.randn(labels.numel(), channels, image_size, image_size, generator=noise_generator)
+    images = ((prototypes[labels] + noise).clamp(0, 1) * 255).round().to(torch.uint8)
+    return ImageSet(images, labels, num_classes, *_STATS["synthetic"])
+
+
+class ImageFolderSet:
+    """A streamed ImageFolder split (ImageNet) with the same batching interface as `ImageSet`.
+
+    The order of an epoch depends only on (seed, epoch); augmentations run in DataLoader workers seeded from
+    (seed, epoch, start), so a resumed epoch sees the same images in the same order, differently augmented.
+    """
+
+    def __init__(self, folder: Path, train: bool, workers: int, subset_per_class: int | None) -> None:
+        from torchvision import datasets, transforms
+
+        mean, std = _STATS["imagenet"]
+        if train:
+            augment = [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip()]
+        else:
+            augment = [transforms.Resize(256), transforms.CenterCrop(224)]
+        pipeline = transforms.Compose([*augment, transforms.ToTensor(), transforms.Normalize(mean, std)])
+        self.dataset = datasets.ImageFolder(str(folder), pipeline)
+        self.num_classes = len(self.dataset.classes)
+        self.in_chans, self.image_size, self.workers = 3, 224, workers
+        targets = torch.tensor(self.dataset.targets)
+        self.indices = torch.arange(targets.numel())
+        if subset_per_class is not None:
+            self.indices = (
+                torch.cat(
+                    [
+                        torch.nonzero(targets == c).flatten()[:subset_per_class]
+                        for c in range(self.num_classes)
+                    ]
+                )
+                .sort()
+                .values
+            )
+
+    def __len__(self) -> int:
+        return self.indices.numel()
+
+    def steps_per_epoch(self, batch_size: int, drop_last: bool) -> int:
+        return len(self) // batch_size if drop_last else -(-len(self) // batch_size)
+
+    def batches(
+        self,
+        batch_size: int,
+        shuffle: bool,
+        seed: int = 0,
+        epoch: int = 0,
+        start: int = 0,
+        drop_last: bool = False,
+    ) -> Iterator[tuple[Tensor, Tensor]]:
+        order = (
+            self.indices[torch.randperm(len(self), generator=_generator(seed, epoch))]
+            if shuffle
+            else self.indices
+        )
+        loader = torch.utils.data.DataLoader(
+            self.dataset,
+            batch_size=batch_size,
+            sampler=order[start * batch_size :].tolist(),
+            num_workers=self.workers,
+            drop_last=drop_last,
+            generator=_generator(seed, epoch, start),
+        )
+        yield from loader
+
+
+def load_split(
+    name: str, data_dir: str | Path | None, train: bool, subset_per_class: int | None = None, workers: int = 4
+) -> ImageSet | ImageFolderSet:
+    """One split of a named dataset (see DATASETS): in memory, or streamed from data_dir/{train,val} for
+    ImageNet. A missing dataset raises DatasetNotFound saying where it was looked for and how to get it."""
+    data_dir = Path(data_dir) if data_dir else None
+    if name == "imagenet":
+        if data_dir is None:
+            raise DatasetNotFound(
+                "imagenet needs --data-dir (a folder with train/ and val/ class subfolders)"
+            )
+        folder = data_dir / ("train" if train else "val")
+        if not folder.is_dir():
+            raise DatasetNotFound(
+                f"ImageNet split not found: expected {folder}/ with one subfolder per class"
+            )
+        return ImageFolderSet(folder, train, workers, subset_per_class)
+    if name == "fashion-mnist":
+        split = load_fashion_mnist(data_dir, train)
+    elif name in ("cifar10", "cifar100"):
+        split = load_cifar(name, data_dir, train)
+    elif name == "synthetic":
+        split = make_synthetic(train)
+    else:
+        raise ValueError(f"unknown dataset {name!r}; choose from {DATASETS}")
+    return split.subset_per_class(subset_per_class)
