@@ -103,17 +103,18 @@ class Attachment:
     def _seed(self, layer: LayerState, stream: int) -> int:
         return mix32(mix32(self.seed ^ mix32(self.step)) ^ (layer.index * 2 + stream))
 
-    def compress(self, layer: LayerState, g: Tensor, weight_path: bool = False) -> Tensor:
+    def compress(self, layer: LayerState, g: Tensor, weight_path: bool = False, count: bool = True) -> Tensor:
+        """The compressed gradient for one GEMM of `layer` (the weight-gradient one when weight_path)."""
         if not weight_path:
             for observe in self.observers:
                 observe(layer.name, g)
         if not self.active:
             return g
-        refresh = layer.refresh
         if weight_path:
-            out = self.policy.compress_weight_path(g, layer.stats, refresh, self._seed(layer, 1))
+            out = self.policy.compress_weight_path(g, layer.stats, layer.refresh, self._seed(layer, 1))
         else:
-            out = self.policy.compress(g, layer.stats, refresh, self._seed(layer, 0))
+            out = self.policy.compress(g, layer.stats, layer.refresh, self._seed(layer, 0))
+        if count:
             layer.refresh = False
             zeros = (out == 0).sum()
             layer.zeros = zeros if layer.zeros is None else layer.zeros + zeros
@@ -245,16 +246,17 @@ class _TwoStreamLayer(torch.autograd.Function):
     @staticmethod
     def backward(ctx, g: Tensor):
         attachment, layer = ctx.attachment, ctx.layer
+        needs_input = ctx.local_input.requires_grad
         input_grad = None
-        if ctx.local_input.requires_grad:
-            g_input = attachment.compress(layer, g)
-            (input_grad,) = torch.autograd.grad(ctx.out, ctx.local_input, g_input, retain_graph=True)
         param_grads: Sequence[Tensor | None] = ()
-        if ctx.params:
-            g_weight = attachment.compress(layer, g, weight_path=True)
-            param_grads = torch.autograd.grad(ctx.out, ctx.params, g_weight, allow_unused=True)
-        elif not ctx.local_input.requires_grad:
-            attachment.compress(layer, g)  # keep the statistics and counts flowing
+        if ctx.params:  # the weight path is counted when it is the only one (e.g. the first layer)
+            g_weight = attachment.compress(layer, g, weight_path=True, count=not needs_input)
+            param_grads = torch.autograd.grad(
+                ctx.out, ctx.params, g_weight, allow_unused=True, retain_graph=True
+            )
+        if needs_input:
+            g_input = attachment.compress(layer, g)
+            (input_grad,) = torch.autograd.grad(ctx.out, ctx.local_input, g_input)
         del ctx.out, ctx.local_input
         return None, None, None, input_grad, *param_grads
 

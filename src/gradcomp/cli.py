@@ -64,6 +64,7 @@ def _train(args: argparse.Namespace) -> None:
 
     overrides = {key: getattr(args, key) for key in TRAIN_FLAGS}
     overrides["resume"] = args.resume or None
+    overrides["progress"] = args.progress
     config = resolve_config(args.config, **overrides)
     summary = train(config)
     accuracy = summary["final_test_accuracy"]
@@ -132,6 +133,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag, (kind, text) in TRAIN_FLAGS.items():
         train.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind, help=text)
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt when it exists")
+    train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     train.set_defaults(run=_train)
     return parser
 

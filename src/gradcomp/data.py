@@ -135,7 +135,7 @@ def _find_idx(directory: Path, stem: str) -> Path | None:
 
 
 def load_fashion_mnist(data_dir: Path | None, train: bool) -> ImageSet:
-    """From `data_dir` if given, else the Debian package's files; torchvision's download as the last resort."""
+    """From `data_dir` if given, else the Debian package's files; torchvision's download as a last resort."""
     prefix = "train" if train else "t10k"
     searched = [d for d in (data_dir, FASHION_MNIST_SYSTEM_DIR) if d is not None]
     for directory in searched:
@@ -157,7 +157,8 @@ def load_fashion_mnist(data_dir: Path | None, train: bool) -> ImageSet:
         raise DatasetNotFound(
             f"Fashion-MNIST not found in {', '.join(map(str, searched))} and the download into {root} failed "
             f"({type(error).__name__}: {error}). Install it with `apt-get install dataset-fashion-mnist` "
-            "(Debian/Ubuntu, files in /usr/share/datasets/fashion-mnist) or put the four IDX files in --data-dir."
+            "(Debian/Ubuntu: files in /usr/share/datasets/fashion-mnist) or put the four IDX files in "
+            "--data-dir."
         ) from error
     return ImageSet(dataset.data.unsqueeze(1), dataset.targets.long(), 10, *_STATS["fashion-mnist"])
 

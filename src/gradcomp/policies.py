@@ -13,6 +13,7 @@ epoch) and reused otherwise, so no policy ever synchronises with the host.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -139,7 +140,6 @@ class FloatingPoint(Policy):
     global_scale: float = 1.0
     rounding: str = "nearest"
     _fmt: FPFormat = field(init=False, repr=False, compare=False)
-    _table: tuple[Tensor, Tensor] | None = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "_fmt", parse_format(self.format))
@@ -149,11 +149,6 @@ class FloatingPoint(Policy):
             raise ValueError(f"fp: rounding must be nearest or stochastic, got {self.rounding!r}")
         if not (math.isfinite(self.global_scale) and self.global_scale > 0):
             raise ValueError(f"fp: global_scale must be positive, got {self.global_scale}")
-        table = None
-        if self.scaling == "per_layer_optimal":  # optimal log2 scale of LN(0, sigma^2) vs sigma (log2 units)
-            sigmas = torch.linspace(0.1, 8.0, 80, dtype=torch.float64)
-            table = (sigmas, fp_theory.optimal_log2_scale(self._fmt.positive_values(), sigmas)[0])
-        object.__setattr__(self, "_table", table)
 
     @property
     def fmt(self) -> FPFormat:
@@ -172,10 +167,17 @@ class FloatingPoint(Policy):
         if self.scaling == "per_layer_mean":
             log2_scale = -mu2 - 3
         else:
-            sigmas, offsets = (t.to(g.device) for t in self._table)
+            sigmas, offsets = (t.to(g.device) for t in _optimal_scale_table(self._fmt))
             log2_scale = _interpolate(sigma2.clamp(sigmas[0], sigmas[-1]), sigmas, offsets) - mu2
         log2_scale = torch.nan_to_num(log2_scale, nan=0.0).clamp(-120, 120)  # an all-zero gradient: any scale
         return torch.exp2(torch.round(log2_scale)).float()
+
+
+@functools.lru_cache(maxsize=64)
+def _optimal_scale_table(fmt: FPFormat) -> tuple[Tensor, Tensor]:
+    """MSE-optimal log2 scale of a lognormal with log2-mean 0, against its sigma (log2 units), for `fmt`."""
+    sigmas = torch.linspace(0.1, 8.0, 40, dtype=torch.float64)
+    return sigmas, fp_theory.optimal_log2_scale(fmt.positive_values(), sigmas)[0]
 
 
 def _interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:

@@ -32,7 +32,7 @@ from tqdm import tqdm
 from gradcomp.attach import Attachment, Schedule, attach, select_layers
 from gradcomp.data import ImageFolderSet, ImageSet, load_split
 from gradcomp.models import create_model
-from gradcomp.policies import NoCompression, parse_policy
+from gradcomp.policies import NoCompression, Policy, parse_policy
 from gradcomp.probe import Probe, ProbeConfig
 
 CHECKPOINT = "checkpoint.pt"
@@ -225,21 +225,99 @@ def _load_checkpoint(path: Path, device: torch.device, config: TrainConfig) -> d
     return checkpoint
 
 
-def train(config: TrainConfig) -> dict:
+@dataclass
+class _Run:
+    """Everything a training run holds; `state` is the part of the progress that goes into checkpoints."""
+
+    config: TrainConfig
+    out: Path
+    device: torch.device
+    train_set: ImageSet | ImageFolderSet
+    test_set: ImageSet | ImageFolderSet
+    model: nn.Module
+    policy: Policy
+    attachment: Attachment | None
+    probe: Probe | None
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LRScheduler
+    steps_per_epoch: int
+    total_steps: int
+    state: dict = field(
+        default_factory=lambda: {
+            "epoch": 0,
+            "batch": 0,
+            "step": 0,
+            "wall_seconds": 0.0,
+            "best_test_accuracy": None,
+            "final_test_accuracy": None,
+            "epoch_loss": 0.0,
+            "epoch_correct": 0,
+            "epoch_seen": 0,
+            "skipped_steps": 0,
+            "consecutive_skips": 0,
+            "last_sparsity": None,
+            "layers": {},
+            "metrics_bytes": 0,
+        }
+    )
+
+    @property
+    def metrics_path(self) -> Path:
+        return self.out / "metrics.jsonl"
+
+    def log(self, record: dict) -> None:
+        with self.metrics_path.open("a") as handle:
+            handle.write(json.dumps(record) + "\n")
+
+    def sparsity(self) -> float | None:
+        if self.attachment is None or isinstance(self.policy, NoCompression):
+            return None
+        return self.attachment.sparsity()
+
+    def save_checkpoint(self) -> None:
+        self.state["metrics_bytes"] = self.metrics_path.stat().st_size
+        checkpoint = {
+            "model": self.model.state_dict(),
+            "optimizer": self.optimizer.state_dict(),
+            "scheduler": self.scheduler.state_dict(),
+            "state": dict(self.state),
+            "config": dataclasses.asdict(self.config),
+            "rng": {
+                "torch": torch.get_rng_state(),
+                "python": random.getstate(),
+                "numpy": np.random.get_state(),
+            },
+            "attachment": self.attachment.state_dict() if self.attachment is not None else None,
+        }
+        _atomic_write(self.out / CHECKPOINT, lambda handle: torch.save(checkpoint, handle))
+
+    def restore(self, checkpoint: dict) -> None:
+        self.model.load_state_dict(checkpoint["model"])
+        self.optimizer.load_state_dict(checkpoint["optimizer"])
+        self.scheduler.load_state_dict(checkpoint["scheduler"])
+        self.state.update(checkpoint["state"])
+        torch.set_rng_state(checkpoint["rng"]["torch"])
+        random.setstate(checkpoint["rng"]["python"])
+        np.random.set_state(checkpoint["rng"]["numpy"])
+        if self.attachment is not None and checkpoint["attachment"] is not None:
+            self.attachment.load_state_dict(checkpoint["attachment"])
+        with self.metrics_path.open("ab") as handle:  # drop lines logged after the checkpoint
+            handle.truncate(self.state["metrics_bytes"])
+
+
+def _build(config: TrainConfig) -> _Run:
     out = Path(config.out)
     out.mkdir(parents=True, exist_ok=True)
     if not os.access(out, os.W_OK):
         raise PermissionError(f"output directory {out} is not writable")
     if config.threads:
         torch.set_num_threads(config.threads)
-    device = torch.device(
-        "cuda"
-        if config.device == "auto" and torch.cuda.is_available()
-        else ("cpu" if config.device == "auto" else config.device)
-    )
+    if config.device == "auto":
+        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        device = torch.device(config.device)
     _seed_everything(config.seed)
 
-    # data and model
     train_set = load_split(config.dataset, config.data_dir, True, config.subset_per_class, config.workers)
     test_set = load_split(
         config.dataset, config.data_dir, False, config.test_subset_per_class, config.workers
@@ -253,34 +331,20 @@ def train(config: TrainConfig) -> dict:
         **config.model_kwargs,
     ).to(device)
 
-    # compression and probe
     policy = parse_policy(config.policy)
     probe_config = ProbeConfig(**config.probe) if config.probe else None
-    attachment: Attachment | None = None
+    layers = (config.layer_types, config.include, config.exclude)
+    attachment = None
     if not isinstance(policy, NoCompression) or probe_config:
-        attachment = attach(
-            model,
-            policy,
-            config.layer_types,
-            config.include,
-            config.exclude,
-            config.placement,
-            Schedule(config.refresh, config.warmup_steps),
-            seed=config.seed,
-        )
+        schedule = Schedule(config.refresh, config.warmup_steps)
+        attachment = attach(model, policy, *layers, config.placement, schedule, seed=config.seed)
     probe = None
     if probe_config:
-        probe = Probe(
-            probe_config,
-            select_layers(model, config.layer_types, config.include, config.exclude),
-            seed=config.seed,
-        )
+        probe = Probe(probe_config, select_layers(model, *layers), seed=config.seed)
         attachment.observers.append(probe.observe_gradient)
 
-    # optimisation
-    decay, no_decay = [], []
-    for name, parameter in model.named_parameters():
-        (no_decay if parameter.ndim <= 1 else decay).append(parameter)
+    decay = [p for p in model.parameters() if p.ndim > 1]  # no weight decay on biases and norm parameters
+    no_decay = [p for p in model.parameters() if p.ndim <= 1]
     groups = [
         {"params": decay, "weight_decay": config.weight_decay},
         {"params": no_decay, "weight_decay": 0.0},
@@ -296,177 +360,158 @@ def train(config: TrainConfig) -> dict:
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config, steps_per_epoch, total_steps))
+    return _Run(
+        config,
+        out,
+        device,
+        train_set,
+        test_set,
+        model,
+        policy,
+        attachment,
+        probe,
+        optimizer,
+        scheduler,
+        steps_per_epoch,
+        total_steps,
+    )
 
-    # state (all of it goes into the checkpoint)
-    state = {
-        "epoch": 0,
-        "batch": 0,
-        "step": 0,
-        "wall_seconds": 0.0,
-        "best_test_accuracy": None,
-        "final_test_accuracy": None,
-        "epoch_loss": 0.0,
-        "epoch_correct": 0,
-        "epoch_seen": 0,
-        "skipped_steps": 0,
-        "consecutive_skips": 0,
-        "last_sparsity": None,
-        "layers": {},
-        "metrics_bytes": 0,
-    }
-    metrics_path, checkpoint_path = out / "metrics.jsonl", out / CHECKPOINT
-    if config.resume and checkpoint_path.exists():
-        checkpoint = _load_checkpoint(checkpoint_path, device, config)
-        model.load_state_dict(checkpoint["model"])
-        optimizer.load_state_dict(checkpoint["optimizer"])
-        scheduler.load_state_dict(checkpoint["scheduler"])
-        state.update(checkpoint["state"])
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        if attachment is not None and checkpoint["attachment"] is not None:
-            attachment.load_state_dict(checkpoint["attachment"])
-        with metrics_path.open("ab") as handle:  # drop lines logged after the checkpoint
-            handle.truncate(state["metrics_bytes"])
+
+def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
+    """One optimizer step (skipped when the loss or gradients are not finite); returns the loss."""
+    state, config = run.state, run.config
+    if run.attachment is not None:
+        run.attachment.begin_step(state["step"], epoch_start=state["batch"] == 0)
+    if run.probe is not None:
+        run.probe.begin_step(state["step"], state["epoch"])
+    images, labels = images.to(run.device), labels.to(run.device)
+    logits = run.model(images)
+    loss = nn.functional.cross_entropy(logits, labels, label_smoothing=config.label_smoothing)
+    run.optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    grads = [p.grad for p in run.model.parameters() if p.grad is not None]
+    grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
+    if torch.isfinite(loss) and torch.isfinite(grad_norm):
+        run.optimizer.step()
+        state["consecutive_skips"] = 0
     else:
-        metrics_path.write_text("")
-    (out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+        state["skipped_steps"] += 1
+        state["consecutive_skips"] += 1
+        if state["consecutive_skips"] > config.max_skipped_steps:
+            run.save_checkpoint()
+            raise FloatingPointError(
+                f"{state['consecutive_skips']} consecutive steps had non-finite loss or gradients (step "
+                f"{state['step']}); stopped. The weights are those from before the first of them."
+            )
+    run.scheduler.step()
+    loss_value = float(loss.detach())
+    state["step"] += 1
+    state["batch"] += 1
+    state["epoch_loss"] += loss_value * labels.numel() if math.isfinite(loss_value) else 0.0
+    state["epoch_correct"] += int((logits.argmax(1) == labels).sum())
+    state["epoch_seen"] += labels.numel()
+    return loss_value
 
-    def log(record: dict) -> None:
-        with metrics_path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
 
-    def save_checkpoint() -> None:
-        state["metrics_bytes"] = metrics_path.stat().st_size
-        checkpoint = {
-            "model": model.state_dict(),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "state": dict(state),
-            "config": dataclasses.asdict(config),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-            },
-            "attachment": attachment.state_dict() if attachment is not None else None,
+def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
+    """Evaluate, log the epoch, reset the per-epoch counters and checkpoint."""
+    state, config = run.state, run.config
+    test_loss, test_accuracy = evaluate(run.model, run.test_set, config.eval_batch_size, run.device)
+    sparsity = run.sparsity()
+    best = state["best_test_accuracy"]
+    state.update(
+        final_test_accuracy=test_accuracy,
+        best_test_accuracy=test_accuracy if best is None else max(best, test_accuracy),
+        last_sparsity=sparsity,
+        wall_seconds=wall_before + time.perf_counter() - started,
+        layers=run.attachment.layer_summary() if run.attachment is not None else {},
+    )
+    run.log(
+        {
+            "kind": "epoch",
+            "epoch": state["epoch"],
+            "step": state["step"],
+            "train_loss": state["epoch_loss"] / max(1, state["epoch_seen"]),
+            "train_accuracy": state["epoch_correct"] / max(1, state["epoch_seen"]),
+            "test_loss": test_loss,
+            "test_accuracy": test_accuracy,
+            "gradient_sparsity": sparsity,
+            "skipped_steps": state["skipped_steps"],
+            "wall_seconds": state["wall_seconds"],
         }
-        _atomic_write(checkpoint_path, lambda handle: torch.save(checkpoint, handle))
+    )
+    if config.progress:
+        note = f", gradient sparsity {sparsity:.4f}" if sparsity is not None else ""
+        tqdm.write(
+            f"epoch {state['epoch'] + 1}: test accuracy {test_accuracy:.4f}, loss {test_loss:.4f}{note}"
+        )
+    state.update(epoch=state["epoch"] + 1, batch=0, epoch_loss=0.0, epoch_correct=0, epoch_seen=0)
+    if run.attachment is not None:
+        run.attachment.reset_counts()
+    run.save_checkpoint()
 
-    started = time.perf_counter()
-    wall_before = state["wall_seconds"]
-    parameters = [p for p in model.parameters() if p.requires_grad]
+
+def train(config: TrainConfig) -> dict:
+    """Train as configured, writing the run's files into config.out; returns the summary."""
+    run = _build(config)
+    state = run.state
+    checkpoint_path = run.out / CHECKPOINT
+    if config.resume and checkpoint_path.exists():
+        run.restore(_load_checkpoint(checkpoint_path, run.device, config))
+    else:
+        run.metrics_path.write_text("")
+    (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+
+    started, wall_before = time.perf_counter(), state["wall_seconds"]
     with _StopRequested() as stop:
-        while state["epoch"] < config.epochs and state["step"] < total_steps:
-            epoch = state["epoch"]
-            model.train()
+        while state["epoch"] < config.epochs and state["step"] < run.total_steps:
+            run.model.train()
             bar = tqdm(
-                total=steps_per_epoch,
+                total=run.steps_per_epoch,
                 initial=state["batch"],
-                desc=f"epoch {epoch + 1}/{config.epochs}",
-                disable=not config.progress,
                 leave=False,
                 dynamic_ncols=True,
+                desc=f"epoch {state['epoch'] + 1}/{config.epochs}",
+                disable=not config.progress,
             )
-            batches = train_set.batches(
-                config.batch_size, True, config.seed, epoch, state["batch"], drop_last=True
+            batches = run.train_set.batches(
+                config.batch_size, True, config.seed, state["epoch"], state["batch"], drop_last=True
             )
             for images, labels in batches:
-                if state["step"] >= total_steps:
+                if state["step"] >= run.total_steps:
                     break
-                if attachment is not None:
-                    attachment.begin_step(state["step"], epoch_start=state["batch"] == 0)
-                if probe is not None:
-                    probe.begin_step(state["step"], epoch)
-                images, labels = images.to(device), labels.to(device)
-                logits = model(images)
-                loss = nn.functional.cross_entropy(logits, labels, label_smoothing=config.label_smoothing)
-                optimizer.zero_grad(set_to_none=True)
-                loss.backward()
-                grad_norm = torch.linalg.vector_norm(
-                    torch.stack([torch.linalg.vector_norm(p.grad) for p in parameters if p.grad is not None])
-                )
-                if torch.isfinite(loss) and torch.isfinite(grad_norm):
-                    optimizer.step()
-                    state["consecutive_skips"] = 0
-                else:
-                    state["skipped_steps"] += 1
-                    state["consecutive_skips"] += 1
-                    if state["consecutive_skips"] > config.max_skipped_steps:
-                        save_checkpoint()
-                        raise FloatingPointError(
-                            f"{state['consecutive_skips']} consecutive steps had non-finite loss or gradients "
-                            f"(step {state['step']}); stopped. The weights are those before the first of them."
-                        )
-                scheduler.step()
-                loss_value = float(loss.detach())
-                state["step"] += 1
-                state["batch"] += 1
-                state["epoch_loss"] += loss_value * labels.numel() if math.isfinite(loss_value) else 0.0
-                state["epoch_correct"] += int((logits.argmax(1) == labels).sum())
-                state["epoch_seen"] += labels.numel()
+                loss = _train_step(run, images, labels)
                 bar.update()
                 if state["step"] % config.log_every == 0:
-                    sparsity = attachment.sparsity() if attachment is not None else None
-                    record = {
-                        "kind": "step",
-                        "step": state["step"],
-                        "epoch": epoch,
-                        "loss": loss_value,
-                        "lr": scheduler.get_last_lr()[0],
-                        "gradient_sparsity": sparsity,
-                        "skipped_steps": state["skipped_steps"],
-                    }
-                    log(record)
-                    bar.set_postfix(
-                        loss=f"{float(loss):.3f}",
-                        acc=f"{state['epoch_correct'] / state['epoch_seen']:.3f}",
-                        **({"sparsity": f"{sparsity:.3f}"} if sparsity is not None else {}),
+                    sparsity = run.attachment.sparsity() if run.attachment is not None else None
+                    run.log(
+                        {
+                            "kind": "step",
+                            "step": state["step"],
+                            "epoch": state["epoch"],
+                            "loss": loss,
+                            "lr": run.scheduler.get_last_lr()[0],
+                            "gradient_sparsity": sparsity,
+                            "skipped_steps": state["skipped_steps"],
+                        }
                     )
+                    postfix = {
+                        "loss": f"{loss:.3f}",
+                        "acc": f"{state['epoch_correct'] / state['epoch_seen']:.3f}",
+                    }
+                    if sparsity is not None:
+                        postfix["sparsity"] = f"{sparsity:.3f}"
+                    bar.set_postfix(postfix)
                 if stop.signal is not None:
                     state["wall_seconds"] = wall_before + time.perf_counter() - started
-                    save_checkpoint()
+                    run.save_checkpoint()
                     bar.close()
                     raise TrainingInterrupted(
-                        f"stopped by signal {stop.signal} at step {state['step']}; checkpoint saved in {out}, "
-                        "rerun with --resume to continue"
+                        f"stopped by signal {stop.signal} at step {state['step']}; "
+                        f"checkpoint saved in {run.out}, rerun with --resume to continue"
                     )
             bar.close()
-            test_loss, test_accuracy = evaluate(model, test_set, config.eval_batch_size, device)
-            sparsity = (
-                attachment.sparsity()
-                if attachment is not None and not isinstance(policy, NoCompression)
-                else None
-            )
-            state["final_test_accuracy"] = test_accuracy
-            best = state["best_test_accuracy"]
-            state["best_test_accuracy"] = test_accuracy if best is None else max(best, test_accuracy)
-            state["last_sparsity"] = sparsity
-            state["wall_seconds"] = wall_before + time.perf_counter() - started
-            log(
-                {
-                    "kind": "epoch",
-                    "epoch": epoch,
-                    "step": state["step"],
-                    "train_loss": state["epoch_loss"] / max(1, state["epoch_seen"]),
-                    "train_accuracy": state["epoch_correct"] / max(1, state["epoch_seen"]),
-                    "test_loss": test_loss,
-                    "test_accuracy": test_accuracy,
-                    "gradient_sparsity": sparsity,
-                    "skipped_steps": state["skipped_steps"],
-                    "wall_seconds": state["wall_seconds"],
-                }
-            )
-            if config.progress:
-                tqdm.write(
-                    f"epoch {epoch + 1}: test accuracy {test_accuracy:.4f}, loss {test_loss:.4f}"
-                    + (f", gradient sparsity {sparsity:.4f}" if sparsity is not None else "")
-                )
-            state["layers"] = attachment.layer_summary() if attachment is not None else {}
-            state.update(epoch=epoch + 1, batch=0, epoch_loss=0.0, epoch_correct=0, epoch_seen=0)
-            if attachment is not None:
-                attachment.reset_counts()
-            save_checkpoint()
+            _end_epoch(run, started, wall_before)
 
     summary = {
         "final_test_accuracy": state["final_test_accuracy"],
@@ -476,15 +521,17 @@ def train(config: TrainConfig) -> dict:
         "wall_seconds": state["wall_seconds"],
         "gradient_sparsity": state["last_sparsity"],
         "skipped_steps": state["skipped_steps"],
-        "policy": policy.describe(),
+        "policy": run.policy.describe(),
         "model": config.model,
         "dataset": config.dataset,
         "layers": state["layers"],
     }
-    _atomic_write(out / "summary.json", lambda handle: handle.write(json.dumps(summary, indent=2).encode()))
-    if probe is not None:
-        probe.write(out / "probe.npz")
-        probe.close()
-    if attachment is not None:
-        attachment.detach()
+    _atomic_write(
+        run.out / "summary.json", lambda handle: handle.write(json.dumps(summary, indent=2).encode())
+    )
+    if run.probe is not None:
+        run.probe.write(run.out / "probe.npz")
+        run.probe.close()
+    if run.attachment is not None:
+        run.attachment.detach()
     return summary

@@ -1,0 +1,155 @@
+import pytest
+import torch
+from torch import nn
+
+from gradcomp.attach import Schedule, attach, select_layers
+from gradcomp.models import create_model
+
+
+def _linear_probe(in_features=64, out_features=64, seed=0):
+    """An orthogonal Linear layer fed the identity matrix: W.grad = g_weight^T and x.grad = g_input @ W, so
+    the gradients each GEMM received can be read back (to float32 rounding)."""
+    torch.manual_seed(seed)
+    layer = nn.Linear(in_features, out_features, bias=False)
+    with torch.no_grad():
+        layer.weight.copy_(torch.linalg.qr(torch.randn(out_features, in_features))[0])
+    x = torch.eye(in_features, requires_grad=True)
+    upstream = torch.randn(in_features, out_features) * torch.exp(2 * torch.randn(in_features, out_features))
+    return layer, x, upstream
+
+
+def _backward(layer, x, upstream):
+    out = layer(x)
+    (out * upstream).sum().backward()
+    g_weight = layer.weight.grad.t().clone()
+    g_input = x.grad @ layer.weight.detach().t()
+    return out.detach(), g_input, g_weight
+
+
+def test_forward_is_unchanged_and_the_gradient_is_pruned():
+    layer, x, upstream = _linear_probe()
+    reference = layer(x).detach()
+    handle = attach(layer, "prune:sparsity=0.8", types=["linear"])
+    out, g_input, g_weight = _backward(layer, x, upstream)
+    assert torch.equal(out, reference)
+    # one stream: both GEMMs see the same gradient
+    assert torch.allclose(g_input, g_weight, rtol=1e-4, atol=1e-5 * float(upstream.abs().max()))
+    alpha = float(handle.layers[0].stats.threshold)
+    pruned = g_weight[upstream.abs() < alpha]
+    assert torch.all((pruned == 0) | torch.isclose(pruned.abs(), torch.tensor(alpha)))
+    assert torch.equal(g_weight[upstream.abs() >= alpha], upstream[upstream.abs() >= alpha])
+    assert abs(float((g_weight == 0).double().mean()) - 0.8) < 0.05
+    assert handle.sparsity() == pytest.approx(float((g_weight == 0).double().mean()))
+
+
+def test_int_policy_quantizes_the_two_gemms_differently_without_a_second_forward():
+    layer, x, upstream = _linear_probe()
+    calls = []
+    layer.register_forward_hook(lambda *args: calls.append(1))
+    attach(layer, "int:bits=2,scheme=psq", types=["linear"])
+    out, g_input, g_weight = _backward(layer, x, upstream)
+    assert len(calls) == 1
+    assert torch.allclose(out, x @ layer.weight.t())
+    low, high = g_input.aminmax(dim=1, keepdim=True)
+    codes = (g_input - low) / ((high - low) / 3)
+    assert torch.allclose(codes, codes.round(), atol=1e-3)  # 2-bit per-sample codes on the input path
+    assert g_weight.unique().numel() > 4 * 64  # the weight path is 8-bit per column
+    assert not torch.allclose(g_input, g_weight, atol=1e-3)
+
+
+def test_survives_in_place_relu_and_residual_adds_in_timm_resnet():
+    torch.manual_seed(0)
+    model = create_model("resnet18", num_classes=10, in_chans=1)
+    x = torch.randn(4, 1, 32, 32)
+    reference = model(x).detach()
+    handle = attach(model, "prune:sparsity=0.9")
+    out = model(x)
+    assert torch.equal(out.detach(), reference)
+    nn.functional.cross_entropy(out, torch.tensor([0, 1, 2, 3])).backward()
+    assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
+    assert len(handle.layers) == 21  # 20 convolutions and the classifier
+    assert 0.85 < handle.sparsity() <= 1.0  # some gradients are exactly zero at init (zero_init_last)
+
+
+def test_conv_followed_directly_by_in_place_relu():
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 8, 3), nn.ReLU(inplace=True), nn.Conv2d(8, 4, 3), nn.ReLU(inplace=True)
+    )
+    x = torch.randn(2, 3, 12, 12, requires_grad=True)
+    for spec in ("prune:sparsity=0.5", "fp:format=e4m3", "int:bits=4,scheme=bhq"):
+        handle = attach(model, spec)
+        model(x).sum().backward()
+        assert torch.isfinite(x.grad).all()
+        handle.detach()
+
+
+def test_detach_restores_exact_gradients():
+    torch.manual_seed(0)
+    model = create_model("resnet10t", num_classes=5)
+    x = torch.randn(4, 3, 16, 16)
+
+    def gradients():
+        model.zero_grad()
+        model(x).square().sum().backward()
+        return [p.grad.clone() for p in model.parameters()]
+
+    reference = gradients()
+    for spec in ("prune:sparsity=0.9", "int:bits=3,scheme=ptq"):
+        handle = attach(model, spec)
+        assert any(not torch.equal(a, b) for a, b in zip(gradients(), reference, strict=True))
+        handle.detach()
+        assert all(torch.equal(a, b) for a, b in zip(gradients(), reference, strict=True))
+
+
+def test_layer_selection_and_placement_on_batchnorm_inputs():
+    model = create_model("resnet18", num_classes=10, in_chans=1)
+    names = [name for name, _ in select_layers(model, ["conv"], include=["layer1.*"])]
+    assert names == ["layer1.0.conv1", "layer1.0.conv2", "layer1.1.conv1", "layer1.1.conv2"]
+    assert [n for n, _ in select_layers(model, ["conv", "linear"], exclude=["*downsample*", "fc"])] == [
+        n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and "downsample" not in n
+    ]
+    handle = attach(model, "prune:sparsity=0.85", types=["bn"], placement="input")
+    nn.functional.cross_entropy(model(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3])).backward()
+    # at initialisation timm zeroes the last BN of each block, so some layers get all-zero gradients
+    assert len(handle.layers) == 20 and 0.75 < handle.sparsity() <= 1.0
+    with pytest.raises(ValueError, match="no layer"):
+        select_layers(model, ["conv"], include=["nothing*"])
+    with pytest.raises(ValueError, match="unknown layer types"):
+        select_layers(model, ["attention"])
+
+
+def test_schedule_refresh_and_warmup():
+    layer, x, upstream = _linear_probe()
+    handle = attach(
+        layer, "prune:sparsity=0.8", types=["linear"], schedule=Schedule(refresh=3, warmup_steps=1)
+    )
+    thresholds = []
+    for step in range(5):
+        handle.begin_step(step)
+        layer.zero_grad()
+        x.grad = None
+        _, _, g_weight = _backward(layer, x, upstream * (step + 1))
+        if step == 0:
+            assert torch.equal(g_weight, upstream)  # warm-up: uncompressed
+        thresholds.append(
+            float(handle.layers[0].stats.threshold) if handle.layers[0].stats.threshold is not None else None
+        )
+    # statistics were due at step 0 (applied at the first compressed step, 1) and refreshed at step 3
+    assert thresholds[0] is None
+    assert thresholds[1] == thresholds[2] and thresholds[3] == thresholds[4] != thresholds[2]
+    with pytest.raises(ValueError, match="refresh"):
+        Schedule(refresh="sometimes")
+
+
+def test_state_dict_round_trip():
+    layer, x, upstream = _linear_probe()
+    handle = attach(layer, "prune:sparsity=0.8+fp:format=e4m3", types=["linear"])
+    _backward(layer, x, upstream)
+    state = handle.state_dict()
+    other = attach(nn.Linear(64, 64, bias=False), "prune:sparsity=0.8+fp:format=e4m3", types=["linear"])
+    other.load_state_dict(state)
+    assert torch.equal(other.layers[0].stats.parts[0].threshold, handle.layers[0].stats.parts[0].threshold)
+    assert other.sparsity() == handle.sparsity()
+    summary = handle.layer_summary()[""]
+    assert summary["threshold"] > 0 and summary["scale"] > 0 and 0.7 < summary["sparsity"] < 0.9

@@ -1,0 +1,210 @@
+import json
+import math
+import signal
+
+import numpy as np
+import pytest
+import torch
+import yaml
+
+import gradcomp.train as train_module
+from gradcomp.probe import load_probe
+from gradcomp.train import TrainConfig, TrainingInterrupted, resolve_config, train
+
+# 160 training images in batches of 32: five steps per epoch
+TINY = {
+    "dataset": "synthetic",
+    "model": "resnet10t",
+    "batch_size": 32,
+    "epochs": 2,
+    "lr": 0.05,
+    "progress": False,
+    "log_every": 2,
+    "subset_per_class": 16,
+    "test_subset_per_class": 8,
+}
+LAYERS = 15  # convolutions and classifier of resnet10t
+
+
+def _run(tmp_path, name, **overrides):
+    config = TrainConfig(**{**TINY, "out": str(tmp_path / name), **overrides})
+    return train(config), tmp_path / name
+
+
+def _metrics(run_dir):
+    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize(
+    "policy",
+    [
+        "none",
+        "prune:sparsity=0.8",
+        "fp:format=e4m1",
+        "int:bits=5,scheme=bhq",
+        "prune:sparsity=0.7+fp:format=e3m2",
+    ],
+)
+def test_end_to_end_each_policy_family(tmp_path, policy):
+    summary, run_dir = _run(tmp_path, "run", policy=policy, max_steps=4)
+    assert summary["steps"] == 4 and summary["epochs"] == 1
+    assert (
+        0 <= summary["final_test_accuracy"] <= 1
+        and summary["best_test_accuracy"] >= summary["final_test_accuracy"]
+    )
+    assert summary["wall_seconds"] > 0
+    if policy == "none":
+        assert summary["gradient_sparsity"] is None and summary["layers"] == {}
+    else:
+        layers = summary["layers"]
+        assert len(layers) == LAYERS and all(v["sparsity"] is not None for v in layers.values())
+    if policy.startswith("prune"):
+        target = 0.8 if policy.startswith("prune:sparsity=0.8") else 0.7
+        assert summary["gradient_sparsity"] >= target - 0.05
+    config = yaml.safe_load((run_dir / "config.yaml").read_text())
+    assert config["policy"] == policy
+    kinds = [m["kind"] for m in _metrics(run_dir)]
+    assert kinds.count("epoch") == 1 and kinds.count("step") == 2
+    assert (run_dir / "checkpoint.pt").exists()
+
+
+def test_training_is_deterministic(tmp_path):
+    first, _ = _run(tmp_path, "a", policy="prune:sparsity=0.8")
+    second, _ = _run(tmp_path, "b", policy="prune:sparsity=0.8")
+    assert first["final_test_accuracy"] == second["final_test_accuracy"]
+    assert [m.get("loss") for m in _metrics(tmp_path / "a")] == [
+        m.get("loss") for m in _metrics(tmp_path / "b")
+    ]
+
+
+class _StopAtStep(train_module._StopRequested):
+    """Deterministic stand-in for a SIGTERM arriving during step `at` (the flag is read once per step)."""
+
+    at = 0
+
+    def __enter__(self):
+        self.reads = 0
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+    @property
+    def signal(self):
+        self.reads += 1
+        return signal.SIGTERM if self.reads == self.at else None
+
+    @signal.setter
+    def signal(self, value):
+        pass
+
+
+RESUME_OPTIONS = {"policy": "prune:sparsity=0.8", "refresh": "epoch"}
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return _run(tmp_path_factory.mktemp("uninterrupted"), "reference", **RESUME_OPTIONS)
+
+
+@pytest.mark.parametrize("stop_at", [3, 5, 8])  # mid-epoch, at the end of an epoch, mid second epoch
+def test_resume_after_interruption_matches_an_uninterrupted_run(
+    tmp_path, monkeypatch, uninterrupted, stop_at
+):
+    options = RESUME_OPTIONS
+    reference, reference_dir = uninterrupted
+    monkeypatch.setattr(_StopAtStep, "at", stop_at)
+    monkeypatch.setattr(train_module, "_StopRequested", _StopAtStep)
+    with pytest.raises(TrainingInterrupted, match="resume"):
+        _run(tmp_path, "resumed", **options)
+    monkeypatch.undo()
+    resumed, resumed_dir = _run(tmp_path, "resumed", resume=True, **options)
+    for key in (
+        "final_test_accuracy",
+        "best_test_accuracy",
+        "steps",
+        "epochs",
+        "gradient_sparsity",
+        "layers",
+    ):
+        assert resumed[key] == reference[key], key
+    strip = [{k: v for k, v in m.items() if k != "wall_seconds"} for m in _metrics(reference_dir)]
+    assert [{k: v for k, v in m.items() if k != "wall_seconds"} for m in _metrics(resumed_dir)] == strip
+
+
+def test_resume_refuses_a_changed_configuration(tmp_path):
+    _run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=2)
+    with pytest.raises(ValueError, match="policy"):
+        _run(tmp_path, "run", policy="prune:sparsity=0.9", max_steps=4, resume=True)
+    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
+    with pytest.raises(RuntimeError, match="unreadable"):
+        _run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=4, resume=True)
+
+
+def test_probe_does_not_change_training(tmp_path):
+    plain, plain_dir = _run(tmp_path, "plain", policy="prune:sparsity=0.8", max_steps=7)
+    probe = {"steps": [0, 4], "every": 6, "reservoir": 64}
+    probed, probed_dir = _run(tmp_path, "probed", policy="prune:sparsity=0.8", max_steps=7, probe=probe)
+    assert probed["final_test_accuracy"] == plain["final_test_accuracy"]
+    assert [m.get("loss") for m in _metrics(probed_dir)] == [m.get("loss") for m in _metrics(plain_dir)]
+    data = load_probe(probed_dir / "probe.npz")
+    assert set(data["kind"]) == {"gradient", "weight", "activation"}
+    assert sorted(set(data["step"].tolist())) == [0, 4, 6]
+    gradient_rows = data["kind"] == "gradient"
+    assert gradient_rows.sum() == 3 * LAYERS
+    hist = data["hist"]
+    counted = hist.sum(1) + data["zeros"] + data["nonfinite"] + data["underflow"] + data["overflow"]
+    assert np.array_equal(counted, data["count"])
+    assert (
+        data["samples"].shape == (len(data["step"]), 64) and np.isfinite(data["samples"][gradient_rows]).any()
+    )
+    measured = gradient_rows & (data["count"] - data["zeros"] - data["nonfinite"] > 1)
+    assert measured.sum() > LAYERS and np.isfinite(data["log2_std"][measured]).all()
+    # layers whose gradient is all zeros (timm's zero-initialised last BN, at step 0) have no spread
+    assert np.isnan(data["log2_std"][gradient_rows & ~measured]).all()
+
+
+def test_probe_alone_without_compression(tmp_path):
+    summary, run_dir = _run(tmp_path, "probe_only", max_steps=2, probe={"steps": [1], "kinds": ["gradient"]})
+    assert summary["gradient_sparsity"] is None
+    assert set(load_probe(run_dir / "probe.npz")["kind"]) == {"gradient"}
+
+
+def test_non_finite_gradients_are_skipped_then_stop_training(tmp_path, monkeypatch):
+    original = torch.nn.functional.cross_entropy
+    monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda *a, **k: original(*a, **k) * math.nan)
+    with pytest.raises(FloatingPointError, match="non-finite"):
+        _run(tmp_path, "nan", max_steps=8, max_skipped_steps=3)
+    lines = _metrics(tmp_path / "nan")
+    assert lines == [] or all(m["skipped_steps"] > 0 for m in lines)
+
+
+def test_config_resolution(tmp_path):
+    file = tmp_path / "config.yaml"
+    file.write_text("dataset: synthetic\nepochs: 3\npolicy: {name: prune, sparsity: 0.9}\n")
+    config = resolve_config(file, epochs=5, lr=None)
+    assert (config.model, config.epochs, config.policy) == (
+        "resnet10t",
+        5,
+        {"name": "prune", "sparsity": 0.9},
+    )
+    assert resolve_config(dataset="fashion-mnist").model == "resnet18"
+    assert resolve_config(refresh="10").refresh == 10
+    file.write_text("epochs: 3\nlearning_rate: 0.1\n")
+    with pytest.raises(ValueError, match="learning_rate"):
+        resolve_config(file)
+    with pytest.raises(ValueError, match="optimizer"):
+        TrainConfig(optimizer="lamb")
+
+
+def test_unwritable_output_directory(tmp_path):
+    target = tmp_path / "locked"
+    target.mkdir()
+    target.chmod(0o500)
+    try:
+        if target.joinpath("probe").exists() or __import__("os").access(target, __import__("os").W_OK):
+            pytest.skip("running as a user who can write anywhere (root)")
+        with pytest.raises(PermissionError, match="not writable"):
+            train(TrainConfig(**{**TINY, "out": str(target)}))
+    finally:
+        target.chmod(0o700)
