@@ -6,7 +6,9 @@ STAMP := $(VENV)/.installed
 CORES ?= 2
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: run test lint bench clean-venv
+FASHION_MNIST := /usr/share/datasets/fashion-mnist
+
+.PHONY: run test lint bench data clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -14,12 +16,20 @@ $(STAMP): requirements.txt pyproject.toml
 	$(PYTHON) -m pip install --quiet --disable-pip-version-check --no-deps -e .
 	touch $(STAMP)
 
-run: $(STAMP)
+run: $(STAMP) data
 	snakemake --cores $(CORES) --configfile config/default.yaml
+
+# Fashion-MNIST from the Debian package when it is missing and apt can install it; otherwise gradcomp falls
+# back to torchvision's download (or to --data-dir) and says so when neither works.
+data:
+	@test -d $(FASHION_MNIST) || { command -v apt-get >/dev/null && [ "$$(id -u)" = 0 ] && \
+		apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1 || \
+		(apt-get update -qq >/dev/null 2>&1 && apt-get install -y -qq dataset-fashion-mnist >/dev/null 2>&1); } || \
+		echo "note: could not install dataset-fashion-mnist; gradcomp will try torchvision's download"
 
 # TRITON_INTERPRET must be in the environment before Python starts: it is read when triton.language is
 # first imported (torchvision and timm import it), and it lets the Triton kernels run on CPU tensors.
-test: $(STAMP) lint
+test: $(STAMP) data lint
 	TRITON_INTERPRET=1 $(PYTHON) -m pytest -q tests
 
 lint: $(STAMP)

@@ -46,8 +46,8 @@ def _metrics(run_dir):
     ],
 )
 def test_end_to_end_each_policy_family(tmp_path, policy):
-    summary, run_dir = _run(tmp_path, "run", policy=policy, max_steps=4)
-    assert summary["steps"] == 4 and summary["epochs"] == 1
+    summary, run_dir = _run(tmp_path, "run", policy=policy)
+    assert summary["steps"] == 10 and summary["epochs"] == 2
     assert (
         0 <= summary["final_test_accuracy"] <= 1
         and summary["best_test_accuracy"] >= summary["final_test_accuracy"]
@@ -64,7 +64,7 @@ def test_end_to_end_each_policy_family(tmp_path, policy):
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert config["policy"] == policy
     kinds = [m["kind"] for m in _metrics(run_dir)]
-    assert kinds.count("epoch") == 1 and kinds.count("step") == 2
+    assert kinds.count("epoch") == 2 and kinds.count("step") == 5
     assert (run_dir / "checkpoint.pt").exists()
 
 
@@ -197,14 +197,8 @@ def test_config_resolution(tmp_path):
         TrainConfig(optimizer="lamb")
 
 
-def test_unwritable_output_directory(tmp_path):
-    target = tmp_path / "locked"
-    target.mkdir()
-    target.chmod(0o500)
-    try:
-        if target.joinpath("probe").exists() or __import__("os").access(target, __import__("os").W_OK):
-            pytest.skip("running as a user who can write anywhere (root)")
-        with pytest.raises(PermissionError, match="not writable"):
-            train(TrainConfig(**{**TINY, "out": str(target)}))
-    finally:
-        target.chmod(0o700)
+def test_output_directory_that_cannot_be_created(tmp_path):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("")
+    with pytest.raises(OSError, match="cannot create the output directory"):
+        train(TrainConfig(**{**TINY, "out": str(blocker / "run")}))

@@ -307,7 +307,10 @@ class _Run:
 
 def _build(config: TrainConfig) -> _Run:
     out = Path(config.out)
-    out.mkdir(parents=True, exist_ok=True)
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        raise OSError(f"cannot create the output directory {out}: {error}") from error
     if not os.access(out, os.W_OK):
         raise PermissionError(f"output directory {out} is not writable")
     if config.threads:
