@@ -120,3 +120,10 @@ def test_gaussian_prior_curve_matches_monte_carlo():
     t = 1.3
     monte_carlo = torch.where(g < t, 1 - g / t, 0.0).mean()
     assert abs(monte_carlo - lognormal.gaussian_sparsity(torch.tensor(t))) < 1e-3
+
+
+def test_threshold_solver_reaches_float64_precision_over_a_wide_range():
+    sigma = torch.linspace(0.01, 12, 300, dtype=torch.float64)[:, None]
+    target = torch.tensor([1e-5, 1e-3, 0.1, 0.5, 0.85, 0.99, 0.99999], dtype=torch.float64)[None, :]
+    alpha_n = lognormal.normalized_threshold(sigma, target)
+    assert (lognormal.expected_sparsity(torch.log(alpha_n), sigma) - target).abs().max() < 1e-12

@@ -33,8 +33,29 @@ class DatasetNotFound(FileNotFoundError):
     """A dataset is missing; the message says where it was looked for and how to get it."""
 
 
+def first_per_class(labels: Tensor, num_classes: int, count: int) -> Tensor:
+    """Sorted indices of the first `count` examples of every class (a deterministic subset)."""
+    chosen = [torch.nonzero(labels == c).flatten()[:count] for c in range(num_classes)]
+    return torch.cat(chosen).sort().values
+
+
+class _Split:
+    """What the training loop needs from a split besides `batches`: its length and epoch bookkeeping."""
+
+    def __len__(self) -> int:
+        raise NotImplementedError
+
+    def steps_per_epoch(self, batch_size: int, drop_last: bool) -> int:
+        return len(self) // batch_size if drop_last else -(-len(self) // batch_size)
+
+    def epoch_order(self, shuffle: bool, seed: int, epoch: int) -> Tensor:
+        """Positions in visiting order: a permutation that depends only on (seed, epoch) when shuffling."""
+        n = len(self)
+        return torch.randperm(n, generator=_generator(seed, epoch)) if shuffle else torch.arange(n)
+
+
 @dataclass
-class ImageSet:
+class ImageSet(_Split):
     """Images (uint8, N x C x H x W) and labels (int64) of one split, held in memory."""
 
     images: Tensor
@@ -59,8 +80,7 @@ class ImageSet:
         """The first `count` images of every class (deterministic), or everything when count is None."""
         if count is None:
             return self
-        keep = torch.cat([torch.nonzero(self.labels == c).flatten()[:count] for c in range(self.num_classes)])
-        keep = keep.sort().values
+        keep = first_per_class(self.labels, self.num_classes, count)
         return ImageSet(
             self.images[keep], self.labels[keep], self.num_classes, self.mean, self.std, self.augment
         )
@@ -76,9 +96,8 @@ class ImageSet:
     ) -> Iterator[tuple[Tensor, Tensor]]:
         """Normalised float batches; with shuffle, the epoch's order and augmentations depend only on
         (seed, epoch), and `start` skips batches without changing what follows."""
-        n = len(self)
-        order = torch.randperm(n, generator=_generator(seed, epoch)) if shuffle else torch.arange(n)
-        count = n // batch_size if drop_last else -(-n // batch_size)
+        order = self.epoch_order(shuffle, seed, epoch)
+        count = self.steps_per_epoch(batch_size, drop_last)
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.std).view(1, -1, 1, 1)
         for index in range(start, count):
@@ -87,9 +106,6 @@ class ImageSet:
             if self.augment and shuffle:
                 images = _crop_and_flip(images, _generator(seed, epoch, index + 1))
             yield (images - mean) / std, self.labels[chosen]
-
-    def steps_per_epoch(self, batch_size: int, drop_last: bool) -> int:
-        return len(self) // batch_size if drop_last else -(-len(self) // batch_size)
 
 
 def _generator(*keys: int) -> torch.Generator:
@@ -205,7 +221,7 @@ def make_synthetic(
     return ImageSet(images, labels, num_classes, *_STATS["synthetic"])
 
 
-class ImageFolderSet:
+class ImageFolderSet(_Split):
     """A streamed ImageFolder split (ImageNet) with the same batching interface as `ImageSet`.
 
     The order of an epoch depends only on (seed, epoch); augmentations run in DataLoader workers seeded from
@@ -227,22 +243,10 @@ class ImageFolderSet:
         targets = torch.tensor(self.dataset.targets)
         self.indices = torch.arange(targets.numel())
         if subset_per_class is not None:
-            self.indices = (
-                torch.cat(
-                    [
-                        torch.nonzero(targets == c).flatten()[:subset_per_class]
-                        for c in range(self.num_classes)
-                    ]
-                )
-                .sort()
-                .values
-            )
+            self.indices = first_per_class(targets, self.num_classes, subset_per_class)
 
     def __len__(self) -> int:
         return self.indices.numel()
-
-    def steps_per_epoch(self, batch_size: int, drop_last: bool) -> int:
-        return len(self) // batch_size if drop_last else -(-len(self) // batch_size)
 
     def batches(
         self,
@@ -253,11 +257,7 @@ class ImageFolderSet:
         start: int = 0,
         drop_last: bool = False,
     ) -> Iterator[tuple[Tensor, Tensor]]:
-        order = (
-            self.indices[torch.randperm(len(self), generator=_generator(seed, epoch))]
-            if shuffle
-            else self.indices
-        )
+        order = self.indices[self.epoch_order(shuffle, seed, epoch)]
         loader = torch.utils.data.DataLoader(
             self.dataset,
             batch_size=batch_size,

@@ -53,13 +53,17 @@ def _solve_increasing(fn, target: Tensor, lo: Tensor, hi: Tensor, iterations: in
         lo = torch.where(above, lo, u)
         hi = torch.where(above, u, hi)
         newton = u - (value - target) / slope
-        inside = (newton > lo) & (newton < hi)
+        inside = (newton >= lo) & (newton <= hi)  # a converged step stays put
         u = torch.where(inside, newton, (lo + hi) / 2)
     return u
 
 
-def normalized_threshold(sigma: Tensor, sparsity: Tensor, iterations: int = 40) -> Tensor:
-    """alpha_n = alpha * exp(-mu) with expected_sparsity(ln alpha_n, sigma) = sparsity (Appendix A.1)."""
+def normalized_threshold(sigma: Tensor, sparsity: Tensor, iterations: int = 20) -> Tensor:
+    """alpha_n = alpha * exp(-mu) with expected_sparsity(ln alpha_n, sigma) = sparsity (Appendix A.1).
+
+    Safeguarded Newton in ln alpha_n from the middle of a bracket that always holds the root; 20 iterations
+    reach float64 precision for sigma in [0.01, 12] and sparsity in [1e-5, 1 - 1e-5].
+    """
     sigma, sparsity = torch.broadcast_tensors(
         torch.as_tensor(sigma, dtype=torch.float64).clamp_min(MIN_SIGMA),
         torch.as_tensor(sparsity, dtype=torch.float64),
