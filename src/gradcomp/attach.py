@@ -79,7 +79,6 @@ class Attachment:
         self.layers: list[LayerState] = []
         self.observers: list[GradientObserver] = []
         self.step = 0
-        self._epoch_start = True
         self._undo: list[Callable[[], None]] = []
 
     # --- schedule -------------------------------------------------------------------------------------------
