@@ -1,4 +1,4 @@
-"""Training with compressed neural gradients: one loop that reads top to bottom.
+"""Training with compressed neural gradients: a handful of functions that read top to bottom.
 
 `train(config)` builds the data, the timm model and the compression attachment, then trains with SGD or
 AdamW, evaluating every epoch. It writes into `config.out`: `config.yaml` (the resolved configuration),
@@ -40,6 +40,7 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "fashion-mnist": {"model": "resnet18", "batch_size": 128, "lr": 0.05, "epochs": 1},
     "cifar10": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
     "cifar100": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
+    "imagenet": {"model": "resnet18", "batch_size": 256, "lr": 0.1, "epochs": 90, "weight_decay": 1e-4},
     "synthetic": {"model": "resnet10t", "batch_size": 32, "lr": 0.05, "epochs": 2},
 }
 
