@@ -67,7 +67,7 @@ def test_survives_in_place_relu_and_residual_adds_in_timm_resnet():
     assert torch.equal(out.detach(), reference)
     nn.functional.cross_entropy(out, torch.tensor([0, 1, 2, 3])).backward()
     assert all(p.grad is not None and torch.isfinite(p.grad).all() for p in model.parameters())
-    assert len(handle.layers) == 21  # 20 convolutions and the classifier
+    assert len(handle.layers) == 20  # pruning acts on the 20 convolutions, not on the classifier
     assert 0.85 < handle.sparsity() <= 1.0  # some gradients are exactly zero at init (zero_init_last)
 
 
@@ -100,6 +100,16 @@ def test_detach_restores_exact_gradients():
         assert any(not torch.equal(a, b) for a, b in zip(gradients(), reference, strict=True))
         handle.detach()
         assert all(torch.equal(a, b) for a, b in zip(gradients(), reference, strict=True))
+
+
+def test_default_placement_follows_each_paper():
+    model = create_model("resnet18", num_classes=10, in_chans=1)
+    layers = {
+        spec: [layer.name for layer in attach(model, spec).layers]
+        for spec in ("prune", "fp", "int", "none", "prune+int")
+    }
+    assert layers["prune"] == layers["fp"] and "fc" not in layers["prune"] and len(layers["prune"]) == 20
+    assert layers["int"] == layers["none"] == layers["prune+int"] == [*layers["prune"], "fc"]
 
 
 def test_layer_selection_and_placement_on_batchnorm_inputs():

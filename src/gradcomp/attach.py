@@ -1,6 +1,8 @@
 """Put a compression policy on the neural gradients of any torch / timm model.
 
-`attach(model, policy)` selects layers by type and fully-qualified-name patterns and compresses the gradient
+`attach(model, policy)` selects layers by type (by default where the policy's paper acts: convolutions for
+prune and fp, convolutions and linear layers for int) and by fully-qualified-name patterns, and compresses
+the gradient
 with respect to each selected layer's output (placement "output", the default: the gradient that feeds
 both the input-gradient and the weight-gradient GEMMs) or input (placement "input", e.g. the BatchNorm
 inputs where the lognormal paper prunes, section 2.8).
@@ -288,15 +290,20 @@ def select_layers(
 def attach(
     model: nn.Module,
     policy: Policy | str,
-    types: Sequence[str] = ("conv", "linear"),
+    types: Sequence[str] | None = None,
     include: Sequence[str] = ("*",),
     exclude: Sequence[str] = (),
     placement: str = "output",
     schedule: Schedule | None = None,
     seed: int = 0,
 ) -> Attachment:
-    """Compress the neural gradients of the selected layers of `model` with `policy` (see the module doc)."""
+    """Compress the neural gradients of the selected layers of `model` with `policy` (see the module doc).
+
+    types: layer types to select ("conv", "linear", "bn"); by default the policy's own placement
+    (`Policy.layer_types`: convolutions for prune and fp, convolutions and linear layers for int and none).
+    """
     policy = parse_policy(policy)
+    types = policy.layer_types if types is None else types
     if placement not in ("output", "input"):
         raise ValueError(f"placement must be 'output' or 'input', got {placement!r}")
     attachment = Attachment(policy, schedule or Schedule(), seed)

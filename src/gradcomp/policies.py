@@ -66,6 +66,8 @@ class Policy:
 
     name: ClassVar[str] = "policy"
     two_streams: ClassVar[bool] = False  # True when activation- and weight-gradient paths differ
+    # where the policy acts unless told otherwise (see `attach`): the placement of the paper it reproduces
+    layer_types: ClassVar[tuple[str, ...]] = ("conv", "linear")
 
     def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
         raise NotImplementedError
@@ -99,10 +101,14 @@ THRESHOLDS = {"gaussian": gaussian_threshold, "laplace": laplace_threshold, "top
 @register("prune")
 @dataclass(frozen=True)
 class Prune(Policy):
-    """Unbiased stochastic pruning to a target sparsity; the threshold comes from `estimator`."""
+    """Unbiased stochastic pruning to a target sparsity; the threshold comes from `estimator`.
+
+    Acts by default on every convolution output (the BatchNorm inputs of the lognormal paper, section 2.8),
+    not on the classifier, whose output gradient is the loss gradient itself."""
 
     sparsity: float = 0.85
     estimator: str = "lognormal"
+    layer_types: ClassVar[tuple[str, ...]] = ("conv",)
 
     def __post_init__(self) -> None:
         if not 0 <= self.sparsity < 1:
@@ -133,8 +139,10 @@ class FloatingPoint(Policy):
     per_layer_optimal: the MSE-optimal scale of a lognormal with the layer's (mu, sigma) (fp_theory);
     per_layer_mean: the reference code's rule, log2 mean of |g| placed at 2^-3;
     global: the fixed `global_scale` (classic loss scaling) for every layer.
+    Acts by default on every convolution output; the paper's final Linear is only monitored (section 2.11).
     """
 
+    layer_types: ClassVar[tuple[str, ...]] = ("conv",)
     format: str = "e4m3"
     scaling: str = "per_layer_optimal"
     global_scale: float = 1.0
@@ -192,7 +200,8 @@ def _interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
 class Integer(Policy):
     """Unbiased b-bit integer gradients (statistical FQT): `scheme` on the activation-gradient path and, as
     in the reference code, an 8-bit quantizer on the weight-gradient path (per-tensor for PTQ, per-column
-    otherwise); weight_scheme=same uses the activation path's quantizer, none leaves that path exact."""
+    otherwise); weight_scheme=same uses the activation path's quantizer, none leaves that path exact.
+    Acts by default on every convolution and linear layer, the final classifier included (section 2.0)."""
 
     bits: int = 8
     scheme: str = "ptq"
@@ -237,6 +246,11 @@ class Chain(Policy):
     @property
     def two_streams(self) -> bool:  # type: ignore[override]
         return any(p.two_streams for p in self.policies)
+
+    @property
+    def layer_types(self) -> tuple[str, ...]:  # type: ignore[override]
+        """Every layer type a member acts on by default."""
+        return tuple(dict.fromkeys(t for p in self.policies for t in p.layer_types))
 
     def describe(self) -> str:
         return "+".join(p.describe() for p in self.policies)

@@ -57,7 +57,7 @@ class TrainConfig:
     model_kwargs: dict = field(default_factory=dict)
     # compression
     policy: Any = "none"
-    layer_types: list = field(default_factory=lambda: ["conv", "linear"])
+    layer_types: list | None = None  # None: the policy's placement (Policy.layer_types)
     include: list = field(default_factory=lambda: ["*"])
     exclude: list = field(default_factory=list)
     placement: str = "output"
@@ -337,7 +337,8 @@ def _build(config: TrainConfig) -> _Run:
 
     policy = parse_policy(config.policy)
     probe_config = ProbeConfig(**config.probe) if config.probe else None
-    layers = (config.layer_types, config.include, config.exclude)
+    layer_types = policy.layer_types if config.layer_types is None else config.layer_types
+    layers = (layer_types, config.include, config.exclude)
     attachment = None
     if not isinstance(policy, NoCompression) or probe_config:
         schedule = Schedule(config.refresh, config.warmup_steps)
