@@ -3,7 +3,8 @@
 ResNet18 (timm, in_chans=1) on Fashion-MNIST-sized batches (batch 128, 28x28; the real images when the
 Debian package is installed), SGD. Each arm has its own copy of the same initial model; arms run
 interleaved, a few steps at a time, and the median step time of each is compared with the uncompressed
-arm. Compression acts on every convolution output (and the classifier output), the probe is off.
+arm. Compression acts on each policy's default layers (convolution outputs for prune and fp, plus the
+classifier for int); the probe is off.
 
     python benchmarks/train_overhead.py [--rounds 6] [--steps 4] [--batch-size 128]
 """
