@@ -1,21 +1,21 @@
-# Regenerates the project's tables and figures. Rules live in workflow/rules/, one file per stage, and only
-# wire files to `gradcomp` CLI verbs.
+# Regenerates every table and figure of the project: training runs -> experiments (figure, table, headline
+# numbers) -> SUMMARY.md. Rules live in workflow/rules/, one file per stage, and only wire files to
+# `gradcomp` CLI verbs. Run with --configfile config/<name>.yaml (default: config/default.yaml).
 
 
 configfile: "config/default.yaml"
 
 
+report: "workflow/report/workflow.rst"
+
+
 include: "workflow/rules/common.smk"
+include: "workflow/rules/train.smk"
 include: "workflow/rules/theory.smk"
-include: "workflow/rules/synthetic.smk"
+include: "workflow/rules/figures.smk"
 
 
 rule all:
     default_target: True
     input:
-        expand(
-            f"{RESULTS}/A4_fp_theory_{{table}}.{{ext}}",
-            table=["switch_points", "relative_mse"],
-            ext=["csv", "md"],
-        ),
-        expand(f"{RESULTS}/A7_synthetic_sparsity.{{ext}}", ext=["csv", "md"]),
+        all_outputs(),

@@ -348,7 +348,7 @@ def _wrap_forward(module: nn.Module, attachment: Attachment, layer: LayerState) 
     def forward(x: Tensor, *args, **kwargs):
         if not torch.is_grad_enabled():
             return original(x, *args, **kwargs)
-        params = tuple(p for p in module.parameters(recurse=False) if p.requires_grad)
+        params = tuple(p for p in module.parameters() if p.requires_grad)  # parametrized weights too
         return _TwoStreamLayer.apply(
             attachment, layer, lambda inp: original(inp, *args, **kwargs), x, *params
         )

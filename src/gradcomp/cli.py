@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from pathlib import Path
 
 import torch
 from tqdm import tqdm
@@ -75,6 +77,39 @@ def _train(args: argparse.Namespace) -> None:
     )
 
 
+def _run(args: argparse.Namespace) -> None:
+    from gradcomp.train import resolve_config, train
+
+    spec = json.loads(args.spec)
+    config = resolve_config(None, **{**spec, "out": args.out, "resume": True, "progress": False})
+    summary = train(config)
+    print(f"{config.out}: test accuracy {summary['final_test_accuracy']:.4f}")
+
+
+def _figure(args: argparse.Namespace) -> None:
+    from gradcomp.plots import FigureInputs, experiments
+
+    registry = experiments()
+    if args.id not in registry:
+        raise SystemExit(f"unknown experiment {args.id!r}; known: {', '.join(registry)}")
+    experiment = registry[args.id]
+    runs = dict(item.split("=", 1) for item in args.runs)
+    inputs = FigureInputs(
+        {name: Path(folder) for name, folder in runs.items()},
+        json.loads(args.params),
+        Path(args.out_dir),
+        experiment.prefix,
+    )
+    headline = experiment.make(inputs)
+    print(f"{experiment.prefix}: {headline}")
+
+
+def _summary(args: argparse.Namespace) -> None:
+    from gradcomp.analysis.summary import write_summary
+
+    print(write_summary(Path(args.figures), args.out))
+
+
 # flag -> (type, help); each overrides the config key of the same name
 TRAIN_FLAGS = {
     "model": (str, "timm model name (default: per dataset, e.g. resnet18)"),
@@ -135,6 +170,23 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt when it exists")
     train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     train.set_defaults(run=_train)
+
+    run = verbs.add_parser("run", help="one pipeline training run (resumes from its checkpoint if any)")
+    run.add_argument("--spec", required=True, help="JSON mapping of training config keys")
+    run.add_argument("--out", required=True, help="output directory")
+    run.set_defaults(run=_run)
+
+    figure = verbs.add_parser("figure", help="one experiment's figure, table and headline numbers")
+    figure.add_argument("id", help="experiment ID, e.g. A5")
+    figure.add_argument("--runs", nargs="*", default=[], help="NAME=FOLDER of finished training runs")
+    figure.add_argument("--params", default="{}", help="JSON: the experiment's config section")
+    figure.add_argument("--out-dir", required=True)
+    figure.set_defaults(run=_figure)
+
+    summary = verbs.add_parser("summary", help="SUMMARY.md from every experiment's headline numbers")
+    summary.add_argument("--figures", required=True, help="folder of the experiments' outputs")
+    summary.add_argument("--out", required=True, help="Markdown file to write")
+    summary.set_defaults(run=_summary)
     return parser
 
 

@@ -25,7 +25,7 @@ from torch import Tensor
 
 from gradcomp import fp_theory
 from gradcomp.formats import FPFormat, parse_format
-from gradcomp.lognormal import fit_lognormal
+from gradcomp.lognormal import cosine_threshold, fit_lognormal
 from gradcomp.ops import (
     gaussian_threshold,
     laplace_threshold,
@@ -104,10 +104,17 @@ class Prune(Policy):
     """Unbiased stochastic pruning to a target sparsity; the threshold comes from `estimator`.
 
     Acts by default on every convolution output (the BatchNorm inputs of the lognormal paper, section 2.8),
-    not on the classifier, whose output gradient is the loss gradient itself."""
+    not on the classifier, whose output gradient is the loss gradient itself.
+
+    min_cosine: heterogeneous sparsity (section 2.7): a layer whose predicted cosine similarity between
+    pruned and original gradient (lognormal truncated at `truncation` sigmas; 2.713 is the reference
+    code's 99.67th percentile of an exact normal) would fall below it gets the smaller threshold that meets
+    it, hence less sparsity. Lognormal estimator only."""
 
     sparsity: float = 0.85
     estimator: str = "lognormal"
+    min_cosine: float | None = None
+    truncation: float = 2.713
     layer_types: ClassVar[tuple[str, ...]] = ("conv",)
 
     def __post_init__(self) -> None:
@@ -117,12 +124,21 @@ class Prune(Policy):
             raise ValueError(
                 f"prune: estimator must be lognormal, gaussian, laplace or topk, got {self.estimator!r}"
             )
+        if self.min_cosine is not None:
+            if not 0 < self.min_cosine < 1:
+                raise ValueError(f"prune: min_cosine must be in (0, 1), got {self.min_cosine}")
+            if self.estimator != "lognormal":
+                raise ValueError("prune: min_cosine needs estimator=lognormal")
 
     def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
         if refresh or stats.threshold is None:
             moments = _refresh_log_stats(g, stats)
             if self.estimator == "lognormal":
-                stats.threshold = lognormal_threshold_from_moments(moments, g.numel(), self.sparsity).float()
+                threshold = lognormal_threshold_from_moments(moments, g.numel(), self.sparsity)
+                if self.min_cosine is not None:
+                    alpha_n = cosine_threshold(stats.sigma, self.min_cosine, self.truncation)
+                    threshold = torch.fmin(threshold, alpha_n * torch.exp(stats.mu))  # NaN: no constraint
+                stats.threshold = threshold.float()
             else:
                 stats.threshold = THRESHOLDS[self.estimator](g.detach(), self.sparsity).float()
         return stochastic_prune(g, stats.threshold, seed=seed)

@@ -1,6 +1,61 @@
+import json
+import shlex
+
+from snakemake.utils import validate
+
+from gradcomp.pipeline import check_config, experiment_runs, run_spec
+from gradcomp.plots import experiments
+
+validate(config, "../schemas/config.schema.yaml")
+check_config(config)
+
+EXPERIMENTS = experiments()
 RESULTS = f"results/{config['name']}"
+FIGURES = f"figures/{config['name']}"
+GPUS = config.get("gpus", 0)
+LAUNCHER = (
+    f"torchrun --standalone --nproc_per_node={GPUS} -m gradcomp"
+    if GPUS > 1
+    else "python -m gradcomp"
+)
 
 
-def as_args(values):
-    """A config list as space-separated command-line arguments."""
-    return " ".join(str(value) for value in values)
+wildcard_constraints:
+    run="[A-Za-z0-9_.-]+",
+    exp="[ABX][0-9]+",
+    slug="[a-z0-9_]+",
+
+
+def run_arguments(run):
+    return shlex.quote(json.dumps(run_spec(config, run)))
+
+
+def run_folder(run):
+    return f"{RESULTS}/runs/{run}"
+
+
+def figure_inputs(wildcards):
+    inputs = {run: f"{run_folder(run)}/summary.json" for run in experiment_runs(config, wildcards.exp)}
+    if wildcards.exp == "A7":
+        inputs["synthetic"] = f"{FIGURES}/A7_synthetic_sparsity.csv"
+    return inputs
+
+
+def figure_params(wildcards):
+    params = dict(config["experiments"].get(wildcards.exp, {}))
+    if wildcards.exp == "A7":
+        params["synthetic_table"] = f"{FIGURES}/A7_synthetic_sparsity.csv"
+    return shlex.quote(json.dumps(params))
+
+
+def figure_runs(wildcards):
+    return " ".join(f"{run}={run_folder(run)}" for run in experiment_runs(config, wildcards.exp))
+
+
+def all_outputs():
+    chosen = [EXPERIMENTS[exp] for exp in config["experiments"]]
+    return [f"{FIGURES}/{name}" for experiment in chosen for name in experiment.outputs()] + [
+        f"{FIGURES}/SUMMARY.md",
+        f"{FIGURES}/A4_switch_points.csv",
+        f"{FIGURES}/A7_synthetic_sparsity.csv",
+    ]

@@ -1,0 +1,312 @@
+"""A4-A6, A10: low-bit floating-point gradients (theory, formats, scaling, and where FP fails)."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from gradcomp import fp_theory
+from gradcomp.analysis.runs import Run, load_runs
+from gradcomp.formats import parse_format
+from gradcomp.ops import quantize_fp
+from gradcomp.plots import FigureInputs, experiment
+from gradcomp.plots.style import save, subplots
+from gradcomp.policies import FloatingPoint, NoCompression
+
+_LN2 = math.log(2.0)
+
+
+def _monte_carlo_mse(fmt_name: str, sigma2: float, log2_scale: float, numel: int, seed: int) -> float:
+    """Relative MSE of quantize_fp on log2|x| ~ N(0, sigma2^2) samples (nearest rounding, given scale)."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.exp2(sigma2 * torch.randn(numel, generator=generator, dtype=torch.float64)).float()
+    q = quantize_fp(x, parse_format(fmt_name), scale=2.0**log2_scale)
+    x64, q64 = x.double(), q.double()
+    return float(((q64 - x64) ** 2).sum() / (x64 * x64).sum())
+
+
+@experiment(
+    "A4",
+    "fp_mse_theory",
+    "Quantization MSE of a lognormal in low-bit FP formats",
+    """Exact relative MSE E[(Q(x)-x)^2]/E[x^2] of nearest rounding of a lognormal (log2|x| ~ N(mu2,
+    sigma2^2)) to FP grids, from gradcomp.fp_theory. (a) Against the scale for FP6 [1,4,1] (saturating, with
+    subnormals): an optimum between underflow and overflow. (b) At the optimal scale against sigma2 for every
+    exponent/mantissa split of 6 bits (idealised grid). (c) The optimal number of exponent bits against
+    sigma2 for 4-8 bit formats on the idealised grid and on real saturating and IEEE-like grids with
+    subnormals (the optimum moves). (d) Analytic MSE against a Monte-Carlo estimate with quantize_fp.""",
+    uses_runs=False,
+)
+def fp_mse_theory(inputs: FigureInputs) -> dict:
+    params = inputs.params
+    bits_list, kinds = params.get("bits", [4, 5, 6, 8]), params.get("kinds", ["ideal", "saturate", "inf"])
+    numel = int(params.get("monte_carlo", 200_000))
+    figure, axes = subplots(inputs, ncols=2, nrows=2, width=5.0, height=3.8)
+    rows = []
+
+    ax = axes[0][0]
+    grid = parse_format("e4m1").positive_values()
+    offsets = torch.linspace(-30, 20, 201, dtype=torch.float64)
+    for sigma2 in (1.0, 2.0, 3.0, 4.0):
+        ax.plot(offsets, fp_theory.relative_mse(grid, sigma2, offsets), label=f"sigma2 = {sigma2:g}")
+    ax.set(yscale="log", xlabel="log2 scale - mu2  (binades)", ylabel="relative MSE", title="(a) FP6 [1,4,1]")
+    ax.legend(fontsize=8)
+
+    ax = axes[0][1]
+    sigmas = torch.linspace(0.25, 6.0, 47, dtype=torch.float64)
+    for exp_bits, mse in fp_theory.mse_by_exp_bits(6, sigmas, "ideal").items():
+        ax.plot(sigmas, mse, label=f"[1,{exp_bits},{5 - exp_bits}]")
+    ax.set(
+        yscale="log", xlabel="sigma2 (binades)", ylabel="relative MSE at optimal scale", title="(b) 6 bits"
+    )
+    ax.legend(fontsize=8)
+
+    ax = axes[1][0]
+    styles = {"ideal": "-", "saturate": "--", "inf": ":"}
+    optimum = {}
+    for colour, bits in enumerate(bits_list):
+        for kind in kinds:
+            best = fp_theory.optimal_exp_bits(bits, sigmas, kind)
+            optimum[(bits, kind)] = best
+            ax.step(
+                sigmas, best, where="mid", color=f"C{colour}", linestyle=styles[kind], label=f"{bits}b {kind}"
+            )
+    ax.set(xlabel="sigma2 (binades)", ylabel="optimal exponent bits E", title="(c) optimal split")
+    ax.legend(fontsize=6, ncol=2)
+
+    ax = axes[1][1]
+    checks = [(name, sigma2) for name in ("e5m2", "e4m3", "e4m1", "e3m1", "e3m0") for sigma2 in (1.5, 3.0)]
+    for seed, (name, sigma2) in enumerate(checks):
+        fmt_grid = parse_format(name).positive_values()
+        log2_scale, analytic = fp_theory.optimal_log2_scale(
+            fmt_grid, torch.tensor(sigma2, dtype=torch.float64)
+        )
+        measured = _monte_carlo_mse(name, sigma2, float(log2_scale), numel, seed)
+        rows.append(
+            {
+                "format": name,
+                "sigma_log2": sigma2,
+                "optimal_log2_scale": float(log2_scale),
+                "analytic_relative_mse": float(analytic),
+                "monte_carlo_relative_mse": measured,
+                "ratio": measured / float(analytic),
+            }
+        )
+    analytic = [row["analytic_relative_mse"] for row in rows]
+    ax.scatter(analytic, [row["monte_carlo_relative_mse"] for row in rows], color="C0")
+    line = [min(analytic) / 2, max(analytic) * 2]
+    ax.plot(line, line, color="grey", linestyle="--", label="y = x")
+    ax.set(
+        xscale="log", yscale="log", xlabel="analytic relative MSE", ylabel=f"Monte-Carlo ({numel} samples)"
+    )
+    ax.set_title("(d) theory vs measurement")
+    ax.legend(fontsize=8)
+
+    def best_at(bits: int, kind: str, sigma2: float) -> int:
+        return int(fp_theory.optimal_exp_bits(bits, torch.tensor([sigma2], dtype=torch.float64), kind)[0])
+
+    headline = {
+        "monte_carlo_max_relative_deviation": max(abs(row["ratio"] - 1) for row in rows),
+        "optimal_exp_bits_sigma2_3": {f"{b}b {k}": best_at(b, k, 3.0) for b in bits_list for k in kinds},
+    }
+    return save(inputs, figure, rows, "A4 FP quantization MSE of a lognormal", headline)
+
+
+def _fp_runs(runs: dict[str, Run]) -> list[Run]:
+    return [run for run in runs.values() if isinstance(run.policy, FloatingPoint)]
+
+
+def _baseline(runs: dict[str, Run]) -> Run | None:
+    return next((run for run in runs.values() if isinstance(run.policy, NoCompression)), None)
+
+
+def _mean_sigma2(run: Run) -> float:
+    sigmas = [layer["sigma"] for layer in run.summary["layers"].values() if layer.get("sigma")]
+    return float(np.mean(sigmas)) / _LN2 if sigmas else float("nan")
+
+
+def _format_label(policy: FloatingPoint) -> str:
+    fmt = policy.fmt
+    return f"FP{1 + fmt.exp_bits + fmt.man_bits} [1,{fmt.exp_bits},{fmt.man_bits}]"
+
+
+def _accuracy_rows(runs: dict[str, Run], baseline: Run | None) -> list[dict]:
+    reference = baseline.accuracy if baseline else float("nan")
+    rows = []
+    for run in _fp_runs(runs):
+        policy = run.policy
+        rows.append(
+            {
+                "run": run.name,
+                "format": _format_label(policy),
+                "bits": 1 + policy.fmt.exp_bits + policy.fmt.man_bits,
+                "scaling": policy.scaling,
+                "log2_global_scale": math.log2(policy.global_scale) if policy.scaling == "global" else None,
+                "accuracy": run.accuracy,
+                "gap_to_baseline_pt": 100 * (run.accuracy - reference),
+                "mean_sigma2": _mean_sigma2(run),
+            }
+        )
+    return rows
+
+
+def _baseline_line(ax, baseline: Run | None) -> None:
+    if baseline:
+        ax.axhline(baseline.accuracy, color="k", linestyle="--", label=f"fp32 ({baseline.accuracy:.3f})")
+
+
+@experiment(
+    "A5",
+    "fp_formats",
+    "Accuracy with FP gradient formats and per-layer scaling",
+    """Final test accuracy when every convolution's output gradient is rounded (nearest) to an n-bit
+    [1,E,M] format after the per-layer MSE-optimal power-of-two scale from the layer's (mu, sigma),
+    refreshed every step; dashed: the uncompressed run with the same seed. Same model, data and schedule
+    for every run (see the config); at this scale differences of about a point are within seed noise.""",
+)
+def fp_formats(inputs: FigureInputs) -> dict:
+    runs = load_runs(inputs.runs)
+    baseline = _baseline(runs)
+    rows = sorted(_accuracy_rows(runs, baseline), key=lambda row: (-row["bits"], row["format"]))
+    figure, axes = subplots(inputs, width=7.0, height=4.0)
+    ax = axes[0][0]
+    ax.bar([row["format"] for row in rows], [row["accuracy"] for row in rows], color="C0")
+    _baseline_line(ax, baseline)
+    low = min([row["accuracy"] for row in rows] + ([baseline.accuracy] if baseline else []))
+    ax.set(ylim=(max(0.0, low - 0.05), None), ylabel="test accuracy", xlabel="gradient format")
+    ax.tick_params(axis="x", rotation=35)
+    ax.legend(fontsize=8)
+    headline = {
+        "baseline_accuracy": baseline.accuracy if baseline else None,
+        "gap_pt": {row["format"]: round(row["gap_to_baseline_pt"], 2) for row in rows},
+    }
+    return save(inputs, figure, rows, "A5 accuracy with FP gradient formats", headline)
+
+
+@experiment(
+    "A6",
+    "scaling_and_split",
+    "Per-layer vs global loss scaling; exponent/mantissa split",
+    """(a) Final test accuracy of FP6 [1,4,1] gradients with one global loss scale for every layer, against
+    log2 of that scale, next to the per-layer MSE-optimal scale (solid) and fp32 (dashed). (b) The three
+    6-bit splits [1,3,2], [1,4,1], [1,5,0] with per-layer scaling; the label gives the split the theory
+    (saturating grid with subnormals) predicts from the mean measured sigma2 of the layers.""",
+)
+def scaling_and_split(inputs: FigureInputs) -> dict:
+    runs = load_runs(inputs.runs)
+    baseline = _baseline(runs)
+    rows = _accuracy_rows(runs, baseline)
+    figure, axes = subplots(inputs, ncols=2, width=5.0, height=4.0)
+    ax = axes[0][0]
+    sweep = sorted((r for r in rows if r["scaling"] == "global"), key=lambda r: r["log2_global_scale"])
+    ax.plot(
+        [r["log2_global_scale"] for r in sweep], [r["accuracy"] for r in sweep], "o-", label="global scale"
+    )
+    per_layer = [r for r in rows if r["scaling"] != "global" and r["format"] == "FP6 [1,4,1]"]
+    if per_layer:
+        ax.axhline(per_layer[0]["accuracy"], color="C2", label="per-layer optimal")
+    _baseline_line(ax, baseline)
+    ax.set(xlabel="log2 global loss scale", ylabel="test accuracy", title="(a) FP6 [1,4,1]")
+    ax.legend(fontsize=8)
+    ax = axes[0][1]
+    splits = sorted(
+        (r for r in rows if r["scaling"] != "global" and r["bits"] == 6), key=lambda r: r["format"]
+    )
+    sigma2 = float(np.nanmean([r["mean_sigma2"] for r in splits])) if splits else float("nan")
+    predicted = (
+        int(fp_theory.optimal_exp_bits(6, torch.tensor([sigma2], dtype=torch.float64), "saturate")[0])
+        if math.isfinite(sigma2)
+        else None
+    )
+    ax.bar([r["format"] for r in splits], [r["accuracy"] for r in splits], color="C1")
+    _baseline_line(ax, baseline)
+    low = min([r["accuracy"] for r in splits] + ([baseline.accuracy] if baseline else [1.0]))
+    ax.set(ylim=(max(0.0, low - 0.05), None), ylabel="test accuracy", xlabel="6-bit split, per-layer scale")
+    ax.set_title(f"(b) theory: E = {predicted} at sigma2 = {sigma2:.2f}")
+    ax.legend(fontsize=8)
+    best_global = max(sweep, key=lambda r: r["accuracy"]) if sweep else None
+    headline = {
+        "best_global_log2_scale": best_global["log2_global_scale"] if best_global else None,
+        "best_global_accuracy": best_global["accuracy"] if best_global else None,
+        "worst_global_accuracy": min(r["accuracy"] for r in sweep) if sweep else None,
+        "per_layer_accuracy": per_layer[0]["accuracy"] if per_layer else None,
+        "split_accuracy": {r["format"]: r["accuracy"] for r in splits},
+        "predicted_exp_bits": predicted,
+        "mean_sigma2": sigma2,
+    }
+    return save(inputs, figure, rows, "A6 loss scaling and exponent/mantissa split", headline)
+
+
+def _underflow_fractions(run: Run, policy: FloatingPoint, log2_scale: float) -> dict[str, float]:
+    """Per layer: the lognormal's predicted share of non-zero gradients below half the smallest
+    subnormal after scaling by 2^log2_scale (they round to zero)."""
+    edge = math.log2(policy.fmt.min_subnormal / 2)
+    shares = {}
+    for name, layer in run.summary["layers"].items():
+        if layer.get("sigma"):
+            z = (edge - log2_scale - layer["mu"] / _LN2) / (layer["sigma"] / _LN2)
+            shares[name] = 0.5 * math.erfc(-z / math.sqrt(2))
+    return shares
+
+
+@experiment(
+    "A10",
+    "failure_cases",
+    "Where low-precision FP gradients fail, and the fix",
+    """(a) Final test accuracy of fp32, of low-bit FP gradients with one global loss scale (the classic
+    recipe), and of the same formats with per-layer scaling. A format with few exponent bits covers too few
+    binades for the spread of the layers' mu2 plus each layer's sigma2: with one scale most layers flush
+    to zero and training loses accuracy; per-layer scaling places each layer in range and recovers it.
+    (b) Why: per layer, the lognormal's predicted share of non-zero gradients that underflow to zero
+    under the global scale, from each layer's measured (mu, sigma) in the per-layer run.""",
+)
+def failure_cases(inputs: FigureInputs) -> dict:
+    runs = load_runs(inputs.runs)
+    baseline = _baseline(runs)
+    rows = _accuracy_rows(runs, baseline)
+    figure, axes = subplots(inputs, ncols=2, width=5.6, height=4.2)
+    ax = axes[0][0]
+    labels = [
+        f"{r['format']}\n{'global 2^%d' % r['log2_global_scale'] if r['scaling'] == 'global' else 'per-layer'}"
+        for r in rows
+    ]
+    colours = ["C3" if r["scaling"] == "global" else "C2" for r in rows]
+    ax.bar(labels, [r["accuracy"] for r in rows], color=colours)
+    _baseline_line(ax, baseline)
+    ax.set(ylabel="test accuracy", ylim=(0, 1))
+    ax.tick_params(axis="x", rotation=30, labelsize=8)
+    ax.legend(fontsize=8)
+    ax = axes[0][1]
+    by_run = {r["run"]: r for r in rows}
+    underflow = {}
+    for run in _fp_runs(runs):
+        policy = run.policy
+        if policy.scaling != "global":
+            continue
+        fixed = next(
+            (r for r in _fp_runs(runs) if r.policy.scaling != "global" and r.policy.fmt == policy.fmt), None
+        )
+        if fixed is None:
+            continue
+        shares = _underflow_fractions(fixed, policy, math.log2(policy.global_scale))
+        underflow[run.name] = float(np.mean(list(shares.values())))
+        ax.plot(range(len(shares)), list(shares.values()), "o-", label=by_run[run.name]["format"] + " global")
+    ax.set(
+        xlabel="layer index (input to output)", ylabel="predicted share flushed to zero", ylim=(-0.02, 1.02)
+    )
+    ax.legend(fontsize=8)
+    pairs = {}
+    for r in rows:
+        if r["scaling"] == "global":
+            fix = next((f for f in rows if f["format"] == r["format"] and f["scaling"] != "global"), None)
+            if fix:
+                pairs[r["format"]] = {
+                    "global_accuracy": r["accuracy"],
+                    "per_layer_accuracy": fix["accuracy"],
+                    "recovered_pt": round(100 * (fix["accuracy"] - r["accuracy"]), 2),
+                    "mean_predicted_underflow_global": underflow.get(r["run"]),
+                }
+    headline = {"baseline_accuracy": baseline.accuracy if baseline else None, "global_vs_per_layer": pairs}
+    return save(inputs, figure, rows, "A10 failure of global scaling and its fix", headline)
