@@ -34,6 +34,7 @@ from gradcomp.data import ImageFolderSet, ImageSet, load_split
 from gradcomp.models import create_model
 from gradcomp.policies import NoCompression, Policy, parse_policy
 from gradcomp.probe import Probe, ProbeConfig
+from gradcomp.qat import quantize_forward
 
 CHECKPOINT = "checkpoint.pt"
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
@@ -87,6 +88,7 @@ class TrainConfig:
     progress: bool = True
     resume: bool = False
     probe: dict | None = None
+    forward_bits: int | None = None  # QAT: quantize conv/linear inputs and weights in the forward pass
 
     def __post_init__(self) -> None:
         if self.optimizer not in ("sgd", "adamw"):
@@ -334,6 +336,8 @@ def _build(config: TrainConfig) -> _Run:
         config.cifar_stem,
         **config.model_kwargs,
     ).to(device)
+    if config.forward_bits is not None:
+        quantize_forward(model, config.forward_bits)
 
     policy = parse_policy(config.policy)
     probe_config = ProbeConfig(**config.probe) if config.probe else None
