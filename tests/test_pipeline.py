@@ -6,8 +6,13 @@ import sys
 from pathlib import Path
 
 import pytest
+import yaml
+from snakemake.exceptions import WorkflowError
+from snakemake.utils import validate
 
 from gradcomp.cli import main
+from gradcomp.pipeline import check_config, experiment_runs, run_spec
+from gradcomp.plots import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
@@ -20,11 +25,70 @@ def _snakemake(*args, cwd=ROOT):
     )
 
 
-def test_dry_run_and_lint():
-    dry = _snakemake("-n", "--cores", "2", "--configfile", "config/default.yaml")
+@pytest.mark.parametrize("name", ["default", "cifar10", "imagenet"])
+def test_dry_run_of_every_shipped_config(name):
+    dry = _snakemake("-n", "--cores", "2", "--configfile", f"config/{name}.yaml")
     assert dry.returncode == 0, dry.stdout + dry.stderr
+    assert "train" in dry.stdout and "figure" in dry.stdout
+
+
+def test_lint_is_clean():
     lint = _snakemake("--lint")
     assert lint.returncode == 0, lint.stdout + lint.stderr
+
+
+def _default_config() -> dict:
+    return yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
+
+
+@pytest.mark.parametrize(
+    ("change", "named"),
+    [
+        (lambda c: c.update(gpus=-1), "gpus"),
+        (lambda c: c.update(trian={}), "trian"),
+        (lambda c: c["runs"].update(bad={"forward_bits": 8}), "policy"),
+        (lambda c: c["experiments"].update(Z9={"run": "baseline"}), "Z9"),
+    ],
+)
+def test_schema_rejects_a_bad_config_naming_the_key(change, named):
+    config = _default_config()
+    change(config)
+    with pytest.raises(WorkflowError, match=named):
+        validate(config, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
+
+
+@pytest.mark.parametrize(
+    ("change", "message"),
+    [
+        (lambda c: c["train"].update(epoch=3), "config key train: unknown training keys \\['epoch'\\]"),
+        (lambda c: c["runs"].update(bad="prune:sparsity=2"), "config key runs.bad: prune: sparsity"),
+        (lambda c: c["experiments"]["A5"]["runs"].append("nope"), "experiments.A5: runs \\['nope'\\]"),
+    ],
+)
+def test_config_check_names_the_bad_key(change, message):
+    config = _default_config()
+    change(config)
+    with pytest.raises(ValueError, match=message):
+        check_config(config)
+
+
+def test_a_bad_config_stops_snakemake_with_the_message(tmp_path):
+    config = _default_config()
+    config["runs"]["baseline"] = "fp:format=e9m9x"
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    dry = _snakemake("-n", "--cores", "1", "--configfile", str(path))
+    assert dry.returncode != 0
+    assert "runs.baseline" in dry.stdout + dry.stderr
+
+
+def test_run_specs_merge_shared_and_own_keys():
+    config = _default_config()
+    assert run_spec(config, "fp_e4m1")["policy"] == "fp:format=e4m1"
+    assert run_spec(config, "qat8")["forward_bits"] == 8
+    assert run_spec(config, "qat8")["model"] == config["train"]["model"]
+    assert experiment_runs(config, "X1") == list(config["runs"])
+    assert experiment_runs(config, "A1") == ["baseline"]
 
 
 def test_snakefmt_clean():
@@ -84,27 +148,27 @@ def test_theory_verb_writes_both_tables(tmp_path):
     assert len(list(csv.DictReader(mse.open()))) == 4  # E = 0..3 at one sigma
 
 
-@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
-def test_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
-    config = tmp_path / "tiny.yaml"
-    config.write_text(
-        "name: tiny\n"
-        "theory: {bits: [4], kinds: [ideal], sigmas: [1.0]}\n"
-        "synthetic: {numel: 4096, sigmas: [2.0], targets: [0.8], zero_fractions: [0.0]}\n"
-    )
+def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
     work = tmp_path / "work"
     shutil.copytree(
-        ROOT, work, ignore=shutil.ignore_patterns(".venv", ".git", "results", ".snakemake", "*.egg-info")
+        ROOT,
+        work,
+        ignore=shutil.ignore_patterns(".venv", ".git", "results", "figures", ".snakemake", "*.egg-info"),
     )
-    result = _snakemake("--cores", "2", "--configfile", str(config), cwd=work)
-    assert result.returncode == 0, result.stdout + result.stderr
-    outputs = sorted(p.name for p in (work / "results" / "tiny").glob("*.*"))
-    assert outputs == [
-        "A4_fp_theory_relative_mse.csv",
-        "A4_fp_theory_relative_mse.md",
-        "A4_fp_theory_switch_points.csv",
-        "A4_fp_theory_switch_points.md",
-        "A7_synthetic_sparsity.csv",
-        "A7_synthetic_sparsity.md",
-    ]
-    assert all(p.stat().st_size > 0 for p in (work / "results" / "tiny").glob("*.*"))
+    config_path = "tests/pipeline_tiny.yaml"
+    result = _snakemake("--cores", "2", "--configfile", config_path, cwd=work)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    config = yaml.safe_load((work / config_path).read_text())
+    registry = experiments()
+    expected = [name for exp in config["experiments"] for name in registry[exp].outputs()]
+    expected += ["SUMMARY.md", "A4_switch_points.csv", "A7_synthetic_sparsity.csv"]
+    figures = work / "figures" / "tiny"
+    missing = [name for name in expected if not (figures / name).is_file()]
+    assert not missing
+    assert all((figures / name).stat().st_size > 0 for name in expected)
+    summary = (figures / "SUMMARY.md").read_text()
+    assert all(f"## {exp}:" in summary for exp in config["experiments"])
+    report = _snakemake("--configfile", config_path, "--report", "report.html", cwd=work)
+    assert report.returncode == 0, report.stdout[-4000:] + report.stderr[-4000:]
+    html = (work / "report.html").read_text(errors="replace")
+    assert registry["A7"].title in html

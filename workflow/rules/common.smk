@@ -1,4 +1,5 @@
 import json
+import os
 import shlex
 
 from snakemake.utils import validate
@@ -35,7 +36,10 @@ def run_folder(run):
 
 
 def figure_inputs(wildcards):
-    inputs = {run: f"{run_folder(run)}/summary.json" for run in experiment_runs(config, wildcards.exp)}
+    inputs = {
+        run: f"{run_folder(run)}/summary.json"
+        for run in experiment_runs(config, wildcards.exp)
+    }
     if wildcards.exp == "A7":
         inputs["synthetic"] = f"{FIGURES}/A7_synthetic_sparsity.csv"
     return inputs
@@ -49,12 +53,16 @@ def figure_params(wildcards):
 
 
 def figure_runs(wildcards):
-    return " ".join(f"{run}={run_folder(run)}" for run in experiment_runs(config, wildcards.exp))
+    return " ".join(
+        f"{run}={run_folder(run)}" for run in experiment_runs(config, wildcards.exp)
+    )
 
 
 def all_outputs():
     chosen = [EXPERIMENTS[exp] for exp in config["experiments"]]
-    return [f"{FIGURES}/{name}" for experiment in chosen for name in experiment.outputs()] + [
+    return [
+        f"{FIGURES}/{name}" for experiment in chosen for name in experiment.outputs()
+    ] + [
         f"{FIGURES}/SUMMARY.md",
         f"{FIGURES}/A4_switch_points.csv",
         f"{FIGURES}/A7_synthetic_sparsity.csv",

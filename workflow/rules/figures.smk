@@ -21,17 +21,15 @@ rule figure:
         settings=figure_params,
         title=lambda wildcards: EXPERIMENTS[wildcards.exp].title,
         caption=lambda wildcards: EXPERIMENTS[wildcards.exp].caption,
+        folder=lambda wildcards, output: os.path.dirname(output.png),
     shell:
         "python -m gradcomp figure {wildcards.exp} --runs {params.runs} --params {params.settings} "
-        "--out-dir {FIGURES} > {log} 2>&1"
+        "--out-dir {params.folder} > {log} 2>&1"
 
 
 rule summary:
     input:
-        [
-            f"{FIGURES}/{EXPERIMENTS[exp].prefix}.json"
-            for exp in config["experiments"]
-        ],
+        [f"{FIGURES}/{EXPERIMENTS[exp].prefix}.json" for exp in config["experiments"]],
     output:
         f"{FIGURES}/SUMMARY.md",
     log:
@@ -39,5 +37,7 @@ rule summary:
     conda:
         "../../environment.yml"
     threads: 1
+    params:
+        folder=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
-        "python -m gradcomp summary --figures {FIGURES} --out {output} > {log} 2>&1"
+        "python -m gradcomp summary --figures {params.folder} --out {output} > {log} 2>&1"

@@ -29,9 +29,15 @@ rule synthetic_sparsity:
     threads: 1
     params:
         numel=config["experiments"]["A7"]["synthetic"]["numel"],
-        sigmas=" ".join(str(s) for s in config["experiments"]["A7"]["synthetic"]["sigmas"]),
-        targets=" ".join(str(t) for t in config["experiments"]["A7"]["synthetic"]["targets"]),
-        zeros=" ".join(str(z) for z in config["experiments"]["A7"]["synthetic"]["zero_fractions"]),
+        sigmas=" ".join(
+            str(s) for s in config["experiments"]["A7"]["synthetic"]["sigmas"]
+        ),
+        targets=" ".join(
+            str(t) for t in config["experiments"]["A7"]["synthetic"]["targets"]
+        ),
+        zeros=" ".join(
+            str(z) for z in config["experiments"]["A7"]["synthetic"]["zero_fractions"]
+        ),
     shell:
         "python -m gradcomp sparsity --numel {params.numel} --sigmas {params.sigmas} "
         "--targets {params.targets} --zero-fractions {params.zeros} --out {output.csv} > {log} 2>&1"

@@ -152,6 +152,10 @@ def _accuracy_rows(runs: dict[str, Run], baseline: Run | None) -> list[dict]:
     return rows
 
 
+def _scaling_label(row: dict) -> str:
+    return f"global 2^{row['log2_global_scale']:.0f}" if row["scaling"] == "global" else "per-layer"
+
+
 def _baseline_line(ax, baseline: Run | None) -> None:
     if baseline:
         ax.axhline(baseline.accuracy, color="k", linestyle="--", label=f"fp32 ({baseline.accuracy:.3f})")
@@ -268,10 +272,7 @@ def failure_cases(inputs: FigureInputs) -> dict:
     rows = _accuracy_rows(runs, baseline)
     figure, axes = subplots(inputs, ncols=2, width=5.6, height=4.2)
     ax = axes[0][0]
-    labels = [
-        f"{r['format']}\n{'global 2^%d' % r['log2_global_scale'] if r['scaling'] == 'global' else 'per-layer'}"
-        for r in rows
-    ]
+    labels = [f"{r['format']}\n{_scaling_label(r)}" for r in rows]
     colours = ["C3" if r["scaling"] == "global" else "C2" for r in rows]
     ax.bar(labels, [r["accuracy"] for r in rows], color=colours)
     _baseline_line(ax, baseline)
