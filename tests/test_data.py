@@ -30,6 +30,39 @@ def test_batches_are_deterministic_and_resumable():
     assert images.dtype == torch.float32 and abs(float(images.mean())) < 1.0
 
 
+def test_shards_of_a_batch_are_disjoint_and_make_up_the_batch():
+    data = make_synthetic(True)
+    data.augment = True
+    options = {"shuffle": True, "seed": 3, "epoch": 1, "start": 2, "drop_last": True}
+    whole = list(data.batches(30, **options))
+    shards = [list(data.batches(30, **options, shard=(rank, 3))) for rank in range(3)]
+    assert len(whole) == len(shards[0]) == 19
+    for index, (images, labels) in enumerate(whole):
+        parts = [shard[index] for shard in shards]
+        assert all(part[1].numel() == 10 for part in parts)
+        # rank r holds positions r, r + 3, ...: interleaving the shards gives back the batch, augmented alike
+        assert torch.equal(torch.stack([part[0] for part in parts], 1).flatten(0, 1), images)
+        assert torch.equal(torch.stack([part[1] for part in parts], 1).flatten(), labels)
+
+
+def test_streamed_folder_shards(tmp_path):
+    from PIL import Image
+
+    from gradcomp.data import ImageFolderSet
+
+    for label in range(2):
+        (tmp_path / f"class{label}").mkdir()
+        for index in range(5):
+            Image.new("RGB", (8, 8), (label * 100 + index, 0, 0)).save(tmp_path / f"class{label}/{index}.png")
+    data = ImageFolderSet(tmp_path, train=False, workers=0, subset_per_class=None)
+    whole = [labels for _, labels in data.batches(4, shuffle=True, seed=1)]
+    shards = [[labels for _, labels in data.batches(4, shuffle=True, seed=1, shard=(r, 2))] for r in range(2)]
+    assert [labels.numel() for labels in whole] == [4, 4, 2]
+    assert [labels.numel() for labels in shards[0]] == [2, 2, 1]
+    for labels, first, second in zip(whole, *shards, strict=True):
+        assert torch.equal(torch.stack([first, second], 1).flatten(), labels)
+
+
 def test_subset_per_class():
     data = make_synthetic(True).subset_per_class(5)
     assert torch.bincount(data.labels).tolist() == [5] * 10

@@ -133,13 +133,16 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     assert [{k: v for k, v in m.items() if k != "wall_seconds"} for m in _metrics(resumed_dir)] == strip
 
 
-def test_resume_refuses_a_changed_configuration(tmp_path):
+def test_resume_refuses_a_changed_configuration_or_a_damaged_checkpoint(tmp_path):
     _run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=2)
     with pytest.raises(ValueError, match="policy"):
         _run(tmp_path, "run", policy="prune:sparsity=0.9", max_steps=4, resume=True)
-    (tmp_path / "run" / "checkpoint.pt").write_bytes(b"not a checkpoint")
-    with pytest.raises(RuntimeError, match="unreadable"):
-        _run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=4, resume=True)
+    path = tmp_path / "run" / "checkpoint.pt"
+    checkpoint = path.read_bytes()
+    for damaged in (checkpoint[: len(checkpoint) // 2], b"not a checkpoint"):  # a truncated file, garbage
+        path.write_bytes(damaged)
+        with pytest.raises(RuntimeError, match=r"unreadable.*remove it to start over"):
+            _run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=4, resume=True)
 
 
 def test_probe_does_not_change_training(tmp_path):
@@ -178,6 +181,9 @@ def test_non_finite_gradients_are_skipped_then_stop_training(tmp_path, monkeypat
         _run(tmp_path, "nan", max_steps=8, max_skipped_steps=3)
     lines = _metrics(tmp_path / "nan")
     assert lines == [] or all(m["skipped_steps"] > 0 for m in lines)
+    saved = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=False)
+    assert saved["state"]["skipped_steps"] == 4
+    assert all(torch.isfinite(value).all() for value in saved["model"].values() if value.is_floating_point())
 
 
 def test_config_resolution(tmp_path):

@@ -38,6 +38,7 @@ LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
     "bn": (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d),
 }
 GradientObserver = Callable[[str, Tensor], None]
+Reduce = Callable[[Tensor], Tensor]  # sums a tensor over training processes
 
 
 @dataclass
@@ -127,22 +128,30 @@ class Attachment:
         for layer in self.layers:
             layer.zeros, layer.numel = None, 0
 
-    def sparsity(self) -> float | None:
-        """Fraction of zeros in the compressed gradients since the last reset (one host sync)."""
-        counted = [layer for layer in self.layers if layer.numel]
-        if not counted:
-            return None
-        zeros = torch.stack([layer.zeros.to("cpu", torch.float64) for layer in counted]).sum()
-        return float(zeros) / sum(layer.numel for layer in counted)
+    def _counts(self, total: Reduce | None) -> list[tuple[float, float]]:
+        """(zeros, elements) of every layer's compressed gradients since the last reset, summed by `total`."""
+        none = torch.zeros((), dtype=torch.float64)
+        zeros = [none if x.zeros is None else x.zeros.to("cpu", torch.float64) for x in self.layers]
+        numel = torch.tensor([float(layer.numel) for layer in self.layers], dtype=torch.float64)
+        counts = torch.stack([torch.stack(zeros), numel], 1)
+        return [tuple(row) for row in (counts if total is None else total(counts)).tolist()]
 
-    def layer_summary(self) -> dict[str, dict]:
-        """Per layer: achieved sparsity, fitted (mu, sigma) of ln|g|, threshold, FP scale and format."""
+    def sparsity(self, total: Reduce | None = None) -> float | None:
+        """Fraction of zeros in the compressed gradients since the last reset (one host sync). `total` sums
+        the counts over training processes (then every process reports the figure of all of them)."""
+        counts = self._counts(total)
+        elements = sum(numel for _, numel in counts)
+        return sum(zeros for zeros, _ in counts) / elements if elements else None
+
+    def layer_summary(self, total: Reduce | None = None) -> dict[str, dict]:
+        """Per layer: achieved sparsity (counts summed by `total`, as in `sparsity`), this process's fitted
+        (mu, sigma) of ln|g|, threshold, FP scale and format."""
         fmt = getattr(self.policy, "format", None)
         summary = {}
-        for layer in self.layers:
+        for layer, (zeros, numel) in zip(self.layers, self._counts(total), strict=True):
             stats = _leaf_stats(layer.stats)
             summary[layer.name] = {
-                "sparsity": float(layer.zeros) / layer.numel if layer.numel else None,
+                "sparsity": zeros / numel if numel else None,
                 "mu": _scalar(stats.get("mu")),
                 "sigma": _scalar(stats.get("sigma")),
                 "threshold": _scalar(stats.get("threshold")),

@@ -62,6 +62,8 @@ def _sparsity(args: argparse.Namespace) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
+    import os
+
     from gradcomp.train import resolve_config, train
 
     overrides = {key: getattr(args, key) for key in TRAIN_FLAGS}
@@ -69,6 +71,8 @@ def _train(args: argparse.Namespace) -> None:
     overrides["progress"] = args.progress
     config = resolve_config(args.config, **overrides)
     summary = train(config)
+    if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone reports
+        return
     accuracy = summary["final_test_accuracy"]
     sparsity = summary["gradient_sparsity"]
     print(
@@ -118,13 +122,14 @@ TRAIN_FLAGS = {
     "policy": (str, "NAME[:key=value,...][+NAME...], e.g. prune:sparsity=0.85 or int:bits=5,scheme=bhq"),
     "epochs": (int, "training epochs"),
     "max_steps": (int, "stop after this many optimizer steps"),
-    "batch_size": (int, "training batch size"),
+    "batch_size": (int, "global training batch size (under torchrun split evenly over the processes)"),
     "lr": (float, "peak learning rate"),
     "seed": (int, "random seed (data order, init, compression)"),
     "out": (str, "output directory"),
     "subset_per_class": (int, "train on the first N images of each class"),
     "refresh": (str, "statistics refresh: step | epoch | K (every K steps)"),
     "device": (str, "auto | cpu | cuda"),
+    "checkpoint_every": (int, "also checkpoint every N steps (every epoch in any case)"),
 }
 
 
@@ -167,7 +172,9 @@ def build_parser() -> argparse.ArgumentParser:
     train.add_argument("--config", help="YAML file of training config keys (flags override it)")
     for flag, (kind, text) in TRAIN_FLAGS.items():
         train.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind, help=text)
-    train.add_argument("--resume", action="store_true", help="continue from OUT/checkpoint.pt when it exists")
+    train.add_argument(
+        "--resume", action="store_true", help="continue from OUT/checkpoint.pt when it exists (else start)"
+    )
     train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     train.set_defaults(run=_train)
 

@@ -4,6 +4,10 @@ Small datasets are held in memory as uint8 tensors and batched here: the order o
 augmentation draw come from generators seeded by (seed, epoch, batch), so a run resumed in the middle of an
 epoch sees exactly the batches an uninterrupted run would. ImageNet streams from an ImageFolder with the same
 batching interface.
+
+Several training processes share each batch: with `shard=(rank, world_size)` a process gets the positions
+rank, rank + world_size, ... of every batch of the epoch's order, so the processes see disjoint parts whose
+union is the single-process batch (augmented alike, since the draws are made for the whole batch).
 """
 
 from __future__ import annotations
@@ -93,19 +97,21 @@ class ImageSet(_Split):
         epoch: int = 0,
         start: int = 0,
         drop_last: bool = False,
+        shard: tuple[int, int] = (0, 1),
     ) -> Iterator[tuple[Tensor, Tensor]]:
-        """Normalised float batches; with shuffle, the epoch's order and augmentations depend only on
-        (seed, epoch), and `start` skips batches without changing what follows."""
+        """Normalised float batches (this process's `shard` of each); with shuffle, the epoch's order and
+        augmentations depend only on (seed, epoch), and `start` skips batches without changing the rest."""
         order = self.epoch_order(shuffle, seed, epoch)
         count = self.steps_per_epoch(batch_size, drop_last)
         mean = torch.tensor(self.mean).view(1, -1, 1, 1)
         std = torch.tensor(self.std).view(1, -1, 1, 1)
+        mine = slice(shard[0], None, shard[1])
         for index in range(start, count):
             chosen = order[index * batch_size : (index + 1) * batch_size]
-            images = self.images[chosen].float().div_(255)
+            images = self.images[chosen[mine]].float().div_(255)
             if self.augment and shuffle:
-                images = _crop_and_flip(images, _generator(seed, epoch, index + 1))
-            yield (images - mean) / std, self.labels[chosen]
+                images = _crop_and_flip(images, _generator(seed, epoch, index + 1), len(chosen), mine)
+            yield (images - mean) / std, self.labels[chosen[mine]]
 
 
 def _generator(*keys: int) -> torch.Generator:
@@ -115,17 +121,20 @@ def _generator(*keys: int) -> torch.Generator:
     return torch.Generator().manual_seed(seed)
 
 
-def _crop_and_flip(images: Tensor, generator: torch.Generator, padding: int = 4) -> Tensor:
+def _crop_and_flip(
+    images: Tensor, generator: torch.Generator, drawn: int, positions: slice, padding: int = 4
+) -> Tensor:
+    """Random crops and flips drawn for a batch of `drawn` images; `images` are those at `positions`."""
     n, _, h, w = images.shape
     padded = torch.nn.functional.pad(images, (padding,) * 4)
-    dy = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
-    dx = torch.randint(0, 2 * padding + 1, (n,), generator=generator)
+    dy = torch.randint(0, 2 * padding + 1, (drawn,), generator=generator)[positions]
+    dx = torch.randint(0, 2 * padding + 1, (drawn,), generator=generator)[positions]
     rows = (dy[:, None] + torch.arange(h))[:, None, :, None]
     cols = (dx[:, None] + torch.arange(w))[:, None, None, :]
     cropped = padded[
         torch.arange(n)[:, None, None, None], torch.arange(images.shape[1])[None, :, None, None], rows, cols
     ]
-    flip = torch.rand(n, generator=generator) < 0.5
+    flip = torch.rand(drawn, generator=generator)[positions] < 0.5
     cropped[flip] = cropped[flip].flip(-1)
     return cropped
 
@@ -225,7 +234,8 @@ class ImageFolderSet(_Split):
     """A streamed ImageFolder split (ImageNet) with the same batching interface as `ImageSet`.
 
     The order of an epoch depends only on (seed, epoch); augmentations run in DataLoader workers seeded from
-    (seed, epoch, start), so a resumed epoch sees the same images in the same order, differently augmented.
+    (seed, epoch, start, rank), so a resumed epoch sees the same images in the same order, differently
+    augmented.
     """
 
     def __init__(self, folder: Path, train: bool, workers: int, subset_per_class: int | None) -> None:
@@ -256,15 +266,19 @@ class ImageFolderSet(_Split):
         epoch: int = 0,
         start: int = 0,
         drop_last: bool = False,
+        shard: tuple[int, int] = (0, 1),
     ) -> Iterator[tuple[Tensor, Tensor]]:
         order = self.indices[self.epoch_order(shuffle, seed, epoch)]
+        rank, world_size = shard
+        batches = [
+            order[index * batch_size : (index + 1) * batch_size][rank::world_size].tolist()
+            for index in range(start, self.steps_per_epoch(batch_size, drop_last))
+        ]
         loader = torch.utils.data.DataLoader(
             self.dataset,
-            batch_size=batch_size,
-            sampler=order[start * batch_size :].tolist(),
+            batch_sampler=batches,
             num_workers=self.workers,
-            drop_last=drop_last,
-            generator=_generator(seed, epoch, start),
+            generator=_generator(seed, epoch, start, rank),
         )
         yield from loader
 

@@ -2,12 +2,23 @@
 
 `train(config)` builds the data, the timm model and the compression attachment, then trains with SGD or
 AdamW, evaluating every epoch. It writes into `config.out`: `config.yaml` (the resolved configuration),
-`metrics.jsonl` (one JSON line per logged step and per epoch), `summary.json`, `checkpoint.pt` (every epoch
-and on SIGTERM/SIGINT, written atomically) and, when probing, `probe.npz`. With `resume=True` it continues
-from the checkpoint and, on CPU with a fixed seed, ends exactly where an uninterrupted run ends.
+`metrics.jsonl` (one JSON line per logged step and per epoch), `summary.json`, `checkpoint.pt` (every epoch,
+every `checkpoint_every` steps and on SIGTERM/SIGINT, written atomically) and, when probing, `probe.npz`. With
+`resume=True` it continues from the checkpoint (and starts afresh when there is none) and, on CPU with a fixed
+seed, ends exactly where an uninterrupted run ends, also after a kill -9.
 
-Non-finite gradients: a step whose loss or gradient norm is NaN/Inf is skipped (no optimizer update), counted
-in the metrics, and training stops with an error after `max_skipped_steps` consecutive ones.
+Several processes (`torchrun --nproc_per_node=N`, see `gradcomp.distributed`): DistributedDataParallel, and
+`batch_size` is the global batch, split evenly over the ranks (each takes a disjoint shard of every batch of
+the epoch's order), so the number of steps and the learning-rate schedule do not depend on N. Rank 0 alone
+writes files and shows progress; checkpoints hold every rank's random state and compression statistics, so a
+resumed run (same N) ends where an uninterrupted one ends. Loss, accuracy, skipped steps and test figures are
+over all ranks. Compression is per rank: each rank fits its statistics (mu, sigma, threshold, scale) to its
+own gradients and draws its own random bits; the reported sparsity is rank 0's unless `reduce_statistics`
+sums the counts of all ranks, and the fitted statistics reported are always rank 0's.
+
+Non-finite gradients: a step whose loss or gradient norm is NaN/Inf (on any rank) is skipped (no optimizer
+update, buffers such as BatchNorm running statistics restored), counted in the metrics, and training stops
+with an error after `max_skipped_steps` consecutive ones, so the weights never take a non-finite value.
 """
 
 from __future__ import annotations
@@ -19,9 +30,10 @@ import os
 import random
 import signal
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -31,6 +43,7 @@ from tqdm import tqdm
 
 from gradcomp.attach import Attachment, Schedule, attach, select_layers
 from gradcomp.data import ImageFolderSet, ImageSet, load_split
+from gradcomp.distributed import ALONE, Processes, setup
 from gradcomp.models import create_model
 from gradcomp.policies import NoCompression, Policy, parse_policy
 from gradcomp.probe import Probe, ProbeConfig
@@ -79,6 +92,8 @@ class TrainConfig:
     gamma: float = 0.1
     label_smoothing: float = 0.0
     max_skipped_steps: int = 20
+    checkpoint_every: int | None = None  # also checkpoint every N steps (an epoch's checkpoint always)
+    reduce_statistics: bool = False  # report compression sparsity summed over all ranks (else rank 0's)
     workers: int = 4  # DataLoader workers for streamed datasets (ImageNet)
     # run
     seed: int = 0
@@ -98,8 +113,9 @@ class TrainConfig:
         for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        if self.max_steps is not None and self.max_steps < 1:
-            raise ValueError(f"max_steps must be >= 1, got {self.max_steps}")
+        for name in ("max_steps", "checkpoint_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
 
 
 def resolve_config(file: str | Path | None = None, **overrides: Any) -> TrainConfig:
@@ -143,28 +159,47 @@ def _lr_factor(config: TrainConfig, steps_per_epoch: int, total_steps: int):
     return factor
 
 
-def _atomic_write(path: Path, write) -> None:
-    """Write via a temporary file, fsync and rename: a reader never sees a half-written file."""
+def _atomic_write(path: Path, write: Callable[[IO[bytes]], object]) -> None:
+    """Write a temporary file in the same folder, fsync it, rename it over `path`, fsync the folder: a reader
+    (a rerun after a crash or kill -9) finds the previous file or the complete new one, never a half-written
+    one. On failure (disk full) the temporary file is removed and `path` is untouched."""
     temporary = path.with_name(path.name + ".tmp")
-    with temporary.open("wb") as handle:
-        write(handle)
-        handle.flush()
-        os.fsync(handle.fileno())
-    temporary.replace(path)
+    try:
+        with temporary.open("wb") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(temporary, path)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)  # makes the rename itself durable
+    finally:
+        os.close(folder)
 
 
 def evaluate(
-    model: nn.Module, data: ImageSet | ImageFolderSet, batch_size: int, device: torch.device
+    model: nn.Module,
+    data: ImageSet | ImageFolderSet,
+    batch_size: int,
+    device: torch.device,
+    processes: Processes = ALONE,
 ) -> tuple[float, float]:
+    """Test loss and accuracy; several processes each evaluate a shard and add up (same model on each)."""
     model.eval()
     loss_sum, correct = 0.0, 0
     with torch.no_grad():
-        for images, labels in data.batches(batch_size, shuffle=False):
+        for images, labels in data.batches(batch_size, shuffle=False, shard=processes.shard):
+            if not labels.numel():  # a final batch smaller than the number of ranks
+                continue
             images, labels = images.to(device), labels.to(device)
             logits = model(images)
             loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
             correct += int((logits.argmax(1) == labels).sum())
     model.train()
+    loss_sum, correct = processes.all_sum(torch.tensor([loss_sum, correct], dtype=torch.float64)).tolist()
     return loss_sum / len(data), correct / len(data)
 
 
@@ -213,18 +248,29 @@ _RESUME_KEYS = (
 )
 
 
-def _load_checkpoint(path: Path, device: torch.device, config: TrainConfig) -> dict:
+_CHECKPOINT_KEYS = ("model", "optimizer", "scheduler", "state", "config", "ranks")
+
+
+def _load_checkpoint(path: Path, device: torch.device, config: TrainConfig, world_size: int) -> dict:
     try:
         checkpoint = torch.load(path, map_location=device, weights_only=False)
+        missing = [key for key in _CHECKPOINT_KEYS if key not in checkpoint]
+        if missing:
+            raise KeyError(f"no {', '.join(missing)}")
     except Exception as error:
         raise RuntimeError(
             f"checkpoint {path} is unreadable ({type(error).__name__}: {error}); remove it to start over"
         ) from error
-    saved = checkpoint.get("config", {})
+    saved = checkpoint["config"]
     changed = [key for key in _RESUME_KEYS if saved.get(key) != getattr(config, key)]
     if changed:
         details = ", ".join(f"{key}: {saved.get(key)!r} -> {getattr(config, key)!r}" for key in changed)
         raise ValueError(f"cannot resume {path}: the configuration changed ({details})")
+    if len(checkpoint["ranks"]) != world_size:
+        raise ValueError(
+            f"cannot resume {path}: it was written by {len(checkpoint['ranks'])} training processes and this "
+            f"run has {world_size}; resume with torchrun --nproc_per_node={len(checkpoint['ranks'])}"
+        )
     return checkpoint
 
 
@@ -235,9 +281,11 @@ class _Run:
     config: TrainConfig
     out: Path
     device: torch.device
+    processes: Processes
     train_set: ImageSet | ImageFolderSet
     test_set: ImageSet | ImageFolderSet
     model: nn.Module
+    net: nn.Module  # what the training step calls: the model, or its DistributedDataParallel wrapper
     policy: Policy
     attachment: Attachment | None
     probe: Probe | None
@@ -269,15 +317,33 @@ class _Run:
         return self.out / "metrics.jsonl"
 
     def log(self, record: dict) -> None:
-        with self.metrics_path.open("a") as handle:
-            handle.write(json.dumps(record) + "\n")
+        if self.processes.is_main:
+            with self.metrics_path.open("a") as handle:
+                handle.write(json.dumps(record) + "\n")
 
     def sparsity(self) -> float | None:
+        """Sparsity since the last reset: this rank's, or all ranks' with reduce_statistics (collective)."""
         if self.attachment is None or isinstance(self.policy, NoCompression):
             return None
-        return self.attachment.sparsity()
+        return self.attachment.sparsity(self._total)
+
+    def layer_summary(self) -> dict:
+        return self.attachment.layer_summary(self._total) if self.attachment is not None else {}
+
+    @property
+    def _total(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        return self.processes.all_sum if self.config.reduce_statistics else None
 
     def save_checkpoint(self) -> None:
+        """Collective: every rank hands over its random state and compression statistics, rank 0 writes."""
+        attachment = self.attachment.state_dict() if self.attachment is not None else None
+        rng = {"torch": torch.get_rng_state(), "python": random.getstate(), "numpy": np.random.get_state()}
+        own = {"rng": rng, "attachment": _to_device(attachment, "cpu")}
+        ranks = self.processes.gather(own)
+        self.processes.on_main(lambda: self._write_checkpoint(ranks))
+
+    def _write_checkpoint(self, ranks: list[dict]) -> None:
+        path = self.out / CHECKPOINT
         self.state["metrics_bytes"] = self.metrics_path.stat().st_size
         checkpoint = {
             "model": self.model.state_dict(),
@@ -285,43 +351,64 @@ class _Run:
             "scheduler": self.scheduler.state_dict(),
             "state": dict(self.state),
             "config": dataclasses.asdict(self.config),
-            "rng": {
-                "torch": torch.get_rng_state(),
-                "python": random.getstate(),
-                "numpy": np.random.get_state(),
-            },
-            "attachment": self.attachment.state_dict() if self.attachment is not None else None,
+            "ranks": ranks,
         }
-        _atomic_write(self.out / CHECKPOINT, lambda handle: torch.save(checkpoint, handle))
+        try:
+            _atomic_write(path, lambda handle: torch.save(checkpoint, handle))
+        except OSError as error:
+            raise OSError(
+                error.errno,
+                f"cannot write the checkpoint {path} ({error.strerror or error}); the previous checkpoint, "
+                "if any, is unchanged",
+            ) from error
 
     def restore(self, checkpoint: dict) -> None:
+        """Every rank loads the same model, optimizer and progress, its own random state and statistics."""
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
         self.state.update(checkpoint["state"])
-        torch.set_rng_state(checkpoint["rng"]["torch"])
-        random.setstate(checkpoint["rng"]["python"])
-        np.random.set_state(checkpoint["rng"]["numpy"])
-        if self.attachment is not None and checkpoint["attachment"] is not None:
-            self.attachment.load_state_dict(checkpoint["attachment"])
-        with self.metrics_path.open("ab") as handle:  # drop lines logged after the checkpoint
-            handle.truncate(self.state["metrics_bytes"])
+        own = checkpoint["ranks"][self.processes.rank]
+        torch.set_rng_state(own["rng"]["torch"].cpu())
+        random.setstate(own["rng"]["python"])
+        np.random.set_state(own["rng"]["numpy"])
+        if self.attachment is not None and own["attachment"] is not None:
+            self.attachment.load_state_dict(_to_device(own["attachment"], self.device))
+        if self.processes.is_main:
+            with self.metrics_path.open("ab") as handle:  # drop lines logged after the checkpoint
+                handle.truncate(self.state["metrics_bytes"])
 
 
-def _build(config: TrainConfig) -> _Run:
-    out = Path(config.out)
+def _to_device(tree: Any, device: torch.device | str) -> Any:
+    """Every tensor of nested dicts and lists moved to `device` (checkpoint parts exchanged between ranks)."""
+    if isinstance(tree, torch.Tensor):
+        return tree.to(device)
+    if isinstance(tree, dict):
+        return {key: _to_device(value, device) for key, value in tree.items()}
+    if isinstance(tree, list):
+        return [_to_device(value, device) for value in tree]
+    return tree
+
+
+def _make_output_directory(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as error:
         raise OSError(f"cannot create the output directory {out}: {error}") from error
     if not os.access(out, os.W_OK):
         raise PermissionError(f"output directory {out} is not writable")
+
+
+def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _Run:
+    out = Path(config.out)
+    processes.on_main(lambda: _make_output_directory(out))
+    if config.batch_size % processes.world_size:
+        raise ValueError(
+            f"batch_size {config.batch_size} (the global batch) must be a multiple of the "
+            f"{processes.world_size} training processes"
+        )
     if config.threads:
         torch.set_num_threads(config.threads)
-    if config.device == "auto":
-        device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    else:
-        device = torch.device(config.device)
     _seed_everything(config.seed)
 
     train_set = load_split(config.dataset, config.data_dir, True, config.subset_per_class, config.workers)
@@ -346,11 +433,16 @@ def _build(config: TrainConfig) -> _Run:
     attachment = None
     if not isinstance(policy, NoCompression) or probe_config:
         schedule = Schedule(config.refresh, config.warmup_steps)
-        attachment = attach(model, policy, *layers, config.placement, schedule, seed=config.seed)
+        # each rank draws its own random bits (rank 0 those of a single-process run)
+        seed = config.seed + 1_000_003 * processes.rank
+        attachment = attach(model, policy, *layers, config.placement, schedule, seed=seed)
     probe = None
-    if probe_config:
+    if probe_config and processes.is_main:  # the probe records rank 0's gradients
         probe = Probe(probe_config, select_layers(model, *layers), seed=config.seed)
         attachment.observers.append(probe.observe_gradient)
+    net = model
+    if processes.active:
+        net = nn.parallel.DistributedDataParallel(model, [device] if device.type == "cuda" else None)
 
     decay = [p for p in model.parameters() if p.ndim > 1]  # no weight decay on biases and norm parameters
     no_decay = [p for p in model.parameters() if p.ndim <= 1]
@@ -373,9 +465,11 @@ def _build(config: TrainConfig) -> _Run:
         config,
         out,
         device,
+        processes,
         train_set,
         test_set,
         model,
+        net,
         policy,
         attachment,
         probe,
@@ -387,23 +481,33 @@ def _build(config: TrainConfig) -> _Run:
 
 
 def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
-    """One optimizer step (skipped when the loss or gradients are not finite); returns the loss."""
+    """One optimizer step (skipped on every rank when the loss or gradients of any rank are not finite);
+    returns the loss of the global batch."""
     state, config = run.state, run.config
     if run.attachment is not None:
         run.attachment.begin_step(state["step"], epoch_start=state["batch"] == 0)
     if run.probe is not None:
         run.probe.begin_step(state["step"], state["epoch"])
     images, labels = images.to(run.device), labels.to(run.device)
-    logits = run.model(images)
+    buffers = list(run.model.buffers())
+    saved_buffers = [buffer.clone() for buffer in buffers]  # a non-finite forward corrupts running statistics
+    logits = run.net(images)
     loss = nn.functional.cross_entropy(logits, labels, label_smoothing=config.label_smoothing)
     run.optimizer.zero_grad(set_to_none=True)
     loss.backward()
     grads = [p.grad for p in run.model.parameters() if p.grad is not None]
     grad_norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
-    if torch.isfinite(loss) and torch.isfinite(grad_norm):
+    correct = (logits.argmax(1) == labels).sum()
+    # summed over ranks: the global batch's loss and hits, and NaN/Inf when any rank had a non-finite value
+    loss_sum, grad_norms, correct = run.processes.all_sum(
+        torch.stack([loss.detach().double(), grad_norm.double(), correct.double()])
+    ).tolist()
+    if math.isfinite(loss_sum) and math.isfinite(grad_norms):
         run.optimizer.step()
         state["consecutive_skips"] = 0
     else:
+        for buffer, saved in zip(buffers, saved_buffers, strict=True):
+            buffer.copy_(saved)
         state["skipped_steps"] += 1
         state["consecutive_skips"] += 1
         if state["consecutive_skips"] > config.max_skipped_steps:
@@ -413,19 +517,23 @@ def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
                 f"{state['step']}); stopped. The weights are those from before the first of them."
             )
     run.scheduler.step()
-    loss_value = float(loss.detach())
+    loss_value = loss_sum / run.processes.world_size
+    seen = labels.numel() * run.processes.world_size
     state["step"] += 1
     state["batch"] += 1
-    state["epoch_loss"] += loss_value * labels.numel() if math.isfinite(loss_value) else 0.0
-    state["epoch_correct"] += int((logits.argmax(1) == labels).sum())
-    state["epoch_seen"] += labels.numel()
+    state["epoch_loss"] += loss_value * seen if math.isfinite(loss_value) else 0.0
+    state["epoch_correct"] += int(correct)
+    state["epoch_seen"] += seen
     return loss_value
 
 
 def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
     """Evaluate, log the epoch, reset the per-epoch counters and checkpoint."""
     state, config = run.state, run.config
-    test_loss, test_accuracy = evaluate(run.model, run.test_set, config.eval_batch_size, run.device)
+    run.processes.broadcast_buffers(run.model)  # every rank evaluates rank 0's model, which is checkpointed
+    test_loss, test_accuracy = evaluate(
+        run.model, run.test_set, config.eval_batch_size, run.device, run.processes
+    )
     sparsity = run.sparsity()
     best = state["best_test_accuracy"]
     state.update(
@@ -433,7 +541,7 @@ def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
         best_test_accuracy=test_accuracy if best is None else max(best, test_accuracy),
         last_sparsity=sparsity,
         wall_seconds=wall_before + time.perf_counter() - started,
-        layers=run.attachment.layer_summary() if run.attachment is not None else {},
+        layers=run.layer_summary(),
     )
     run.log(
         {
@@ -449,7 +557,7 @@ def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
             "wall_seconds": state["wall_seconds"],
         }
     )
-    if config.progress:
+    if config.progress and run.processes.is_main:
         note = f", gradient sparsity {sparsity:.4f}" if sparsity is not None else ""
         tqdm.write(
             f"epoch {state['epoch'] + 1}: test accuracy {test_accuracy:.4f}, loss {test_loss:.4f}{note}"
@@ -461,15 +569,31 @@ def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
 
 
 def train(config: TrainConfig) -> dict:
-    """Train as configured, writing the run's files into config.out; returns the summary."""
-    run = _build(config)
+    """Train as configured, writing the run's files into config.out; returns the summary.
+
+    Under torchrun every rank calls this and gets the same summary, except the compression figures, which are
+    each rank's own unless `reduce_statistics` (rank 0's are written); see the module docstring."""
+    processes, device = setup(config.device)
+    try:
+        return _train(config, processes, device)
+    finally:
+        processes.close()
+
+
+def _train(config: TrainConfig, processes: Processes, device: torch.device) -> dict:
+    run = _build(config, processes, device)
     state = run.state
     checkpoint_path = run.out / CHECKPOINT
-    if config.resume and checkpoint_path.exists():
-        run.restore(_load_checkpoint(checkpoint_path, run.device, config))
-    else:
-        run.metrics_path.write_text("")
-    (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+    resuming = processes.any(config.resume and checkpoint_path.exists())
+    if resuming:
+        run.restore(_load_checkpoint(checkpoint_path, run.device, config, processes.world_size))
+
+    def start_files() -> None:
+        if not resuming:
+            run.metrics_path.write_text("")
+        (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+
+    processes.on_main(start_files)
 
     started, wall_before = time.perf_counter(), state["wall_seconds"]
     with _StopRequested() as stop:
@@ -481,10 +605,16 @@ def train(config: TrainConfig) -> dict:
                 leave=False,
                 dynamic_ncols=True,
                 desc=f"epoch {state['epoch'] + 1}/{config.epochs}",
-                disable=not config.progress,
+                disable=not (config.progress and processes.is_main),
             )
             batches = run.train_set.batches(
-                config.batch_size, True, config.seed, state["epoch"], state["batch"], drop_last=True
+                config.batch_size,
+                True,
+                config.seed,
+                state["epoch"],
+                state["batch"],
+                drop_last=True,
+                shard=processes.shard,
             )
             for images, labels in batches:
                 if state["step"] >= run.total_steps:
@@ -492,7 +622,7 @@ def train(config: TrainConfig) -> dict:
                 loss = _train_step(run, images, labels)
                 bar.update()
                 if state["step"] % config.log_every == 0:
-                    sparsity = run.attachment.sparsity() if run.attachment is not None else None
+                    sparsity = run.sparsity()
                     run.log(
                         {
                             "kind": "step",
@@ -511,12 +641,15 @@ def train(config: TrainConfig) -> dict:
                     if sparsity is not None:
                         postfix["sparsity"] = f"{sparsity:.3f}"
                     bar.set_postfix(postfix)
-                if stop.signal is not None:
+                stopping = processes.any(stop.signal is not None)  # a signal to any rank stops them all
+                periodic = config.checkpoint_every and state["step"] % config.checkpoint_every == 0
+                if stopping or (periodic and state["batch"] < run.steps_per_epoch):
                     state["wall_seconds"] = wall_before + time.perf_counter() - started
                     run.save_checkpoint()
+                if stopping:
                     bar.close()
                     raise TrainingInterrupted(
-                        f"stopped by signal {stop.signal} at step {state['step']}; "
+                        f"stopped by a signal at step {state['step']}; "
                         f"checkpoint saved in {run.out}, rerun with --resume to continue"
                     )
             bar.close()
@@ -533,13 +666,18 @@ def train(config: TrainConfig) -> dict:
         "policy": run.policy.describe(),
         "model": config.model,
         "dataset": config.dataset,
+        "processes": processes.world_size,
         "layers": state["layers"],
     }
-    _atomic_write(
-        run.out / "summary.json", lambda handle: handle.write(json.dumps(summary, indent=2).encode())
-    )
+
+    def write_results() -> None:
+        text = json.dumps(summary, indent=2).encode()
+        _atomic_write(run.out / "summary.json", lambda handle: handle.write(text))
+        if run.probe is not None:
+            run.probe.write(run.out / "probe.npz")
+
+    processes.on_main(write_results)
     if run.probe is not None:
-        run.probe.write(run.out / "probe.npz")
         run.probe.close()
     if run.attachment is not None:
         run.attachment.detach()

@@ -1,0 +1,122 @@
+"""Two training processes on CPU (gloo), started as torchrun starts them (RANK, WORLD_SIZE, MASTER_* set)."""
+
+import json
+import math
+import os
+import signal
+import socket
+import time
+
+import pytest
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+import gradcomp.train as train_module
+from gradcomp.train import TrainConfig, TrainingInterrupted
+
+WORLD_SIZE = 2
+STOP_AT = 3  # rank 1 alone gets a SIGTERM during this step of the second run
+# 160 training images, global batch 32 (16 per rank): five steps per epoch; per-epoch compression statistics,
+# so that resuming needs each rank's own statistics from the checkpoint
+CONFIG = {
+    "dataset": "synthetic",
+    "model": "resnet10t",
+    "batch_size": 32,
+    "epochs": 2,
+    "progress": False,
+    "log_every": 1,
+    "subset_per_class": 16,
+    "test_subset_per_class": 8,
+    "policy": "prune:sparsity=0.8",
+    "refresh": "epoch",
+    "reduce_statistics": True,
+}
+
+
+def _free_ports(count: int) -> list[int]:
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def _worker(rank: int, ports: list[int], folder: str) -> None:
+    """One rank: an uninterrupted run, then a run stopped by a signal to rank 1 and resumed; after every step
+    it compares its weights with the other rank's."""
+    os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE))
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    torch.set_num_threads(1)
+    same_weights, stop_at = [], {"step": None}
+    step = train_module._train_step
+
+    def step_and_compare(run, images, labels):
+        loss = step(run, images, labels)
+        flat = torch.cat([p.detach().flatten() for p in run.model.parameters()])
+        copies = [torch.empty_like(flat) for _ in range(WORLD_SIZE)]
+        dist.all_gather(copies, flat)
+        same_weights.append(all(torch.equal(copies[0], copy) for copy in copies[1:]))
+        if rank == 1 and run.state["step"] == stop_at["step"]:
+            os.kill(os.getpid(), signal.SIGTERM)
+        return loss
+
+    train_module._train_step = step_and_compare
+
+    def run(name: str, port: int, **options) -> dict:
+        os.environ["MASTER_PORT"] = str(port)
+        return train_module.train(TrainConfig(**CONFIG, out=os.path.join(folder, name), **options))
+
+    results = {"reference": run("reference", ports[0])}
+    stop_at["step"] = STOP_AT
+    try:
+        run("resumed", ports[1])
+    except TrainingInterrupted as error:
+        results["interrupted"] = str(error)
+    stop_at["step"] = None
+    results["resumed"] = run("resumed", ports[2], resume=True)
+    results["same_weights"] = same_weights
+    with open(os.path.join(folder, f"rank{rank}.json"), "w") as handle:
+        json.dump(results, handle)
+
+
+def _metrics(run_dir):
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return [{k: v for k, v in line.items() if k != "wall_seconds"} for line in lines]
+
+
+def _weights(run_dir):
+    return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+
+
+def test_two_ranks_stay_identical_and_resume_exactly(tmp_path):
+    processes = mp.spawn(_worker, args=(_free_ports(3), str(tmp_path)), nprocs=WORLD_SIZE, join=False)
+    deadline = time.monotonic() + 300
+    while not processes.join(timeout=1):  # raises when a rank fails
+        if time.monotonic() > deadline:
+            for process in processes.processes:
+                process.kill()
+            pytest.fail("the ranks hung: a collective that not every rank reached")
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    for results in ranks:
+        assert f"at step {STOP_AT}" in results["interrupted"]  # rank 0 stopped at the same step as rank 1
+        assert results["same_weights"] == [True] * (10 + STOP_AT + 10 - STOP_AT)
+    reference, other = ranks[0]["reference"], ranks[1]["reference"]
+    assert reference["steps"] == 10 and reference["processes"] == WORLD_SIZE
+    global_keys = ("final_test_accuracy", "best_test_accuracy", "steps", "skipped_steps", "gradient_sparsity")
+    assert all(reference[key] == other[key] for key in global_keys)
+    # each rank fits its own gradients: the reported per-layer sparsity is summed, the fits are rank 0's
+    layers = reference["layers"]
+    assert all(layers[name]["sparsity"] == other["layers"][name]["sparsity"] for name in layers)
+    fits = [(layers[name]["mu"], other["layers"][name]["mu"]) for name in layers]
+    assert any(math.isfinite(mine) and mine != theirs for mine, theirs in fits)
+    # the interrupted and resumed run ends exactly where the uninterrupted one does: same seed, same ranks
+    resumed = ranks[0]["resumed"]
+    for key in (*global_keys, "epochs", "layers"):
+        assert resumed[key] == reference[key], key
+    assert _metrics(tmp_path / "resumed") == _metrics(tmp_path / "reference")
+    assert [m["kind"] for m in _metrics(tmp_path / "reference")].count("epoch") == 2  # rank 0 alone logs
+    final, expected = _weights(tmp_path / "resumed"), _weights(tmp_path / "reference")
+    assert all(torch.equal(final[name], expected[name]) for name in expected)

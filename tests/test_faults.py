@@ -1,0 +1,139 @@
+"""Faults during training: kill -9, a full disk, an unwritable output folder, non-finite values."""
+
+import errno
+import json
+import math
+import os
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+import yaml
+from test_train import TINY, _metrics, _run
+
+import gradcomp.train as train_module
+from gradcomp.cli import main
+from gradcomp.train import TrainConfig, train
+
+# five steps per epoch, two epochs, a checkpoint every other step and at each epoch's end
+KILLED_RUN = {
+    **TINY,
+    "log_every": 1,
+    "checkpoint_every": 2,
+    "policy": "prune:sparsity=0.8",
+    "refresh": "epoch",
+}
+SUMMARY_KEYS = ("final_test_accuracy", "best_test_accuracy", "steps", "epochs", "gradient_sparsity", "layers")
+
+
+def _logged_steps(run_dir):
+    path = run_dir / "metrics.jsonl"
+    lines = path.read_text().splitlines() if path.exists() else []
+    return [json.loads(line)["step"] for line in lines[:-1] if '"kind": "step"' in line]  # complete lines
+
+
+def _summary(run_dir):
+    return json.loads((run_dir / "summary.json").read_text())
+
+
+def _without_times(run_dir):
+    return [{k: v for k, v in line.items() if k != "wall_seconds"} for line in _metrics(run_dir)]
+
+
+def test_kill_9_then_the_same_command_ends_like_an_uninterrupted_run(tmp_path):
+    config = tmp_path / "tiny.yaml"
+    config.write_text(yaml.safe_dump(KILLED_RUN))
+    killed = tmp_path / "killed"
+    # --resume starts afresh when there is no checkpoint, so job scripts pass it every time
+    command = ["train", "--config", str(config), "--out", str(killed), "--resume"]
+    with (tmp_path / "stderr.txt").open("w") as stderr:
+        process = subprocess.Popen([sys.executable, "-m", "gradcomp", *command], stderr=stderr)
+        try:
+            deadline = time.monotonic() + 240
+            while 7 not in _logged_steps(killed):  # step 7: the second epoch's second step
+                assert process.poll() is None, (tmp_path / "stderr.txt").read_text()
+                assert time.monotonic() < deadline, "the training process made no progress"
+                time.sleep(0.01)
+        finally:
+            process.kill()  # SIGKILL
+            process.wait()
+    assert not (killed / "summary.json").exists()
+    saved = torch.load(killed / "checkpoint.pt", weights_only=False)["state"]
+    assert saved["epoch"] == 1 and saved["batch"] > 0  # the last checkpoint is from within the second epoch
+
+    main(command)  # the same command again, in this process (both use torch's default thread count)
+    main(["train", "--config", str(config), "--out", str(tmp_path / "reference")])
+    resumed, reference = (
+        json.loads((tmp_path / d / "summary.json").read_text()) for d in ("killed", "reference")
+    )
+    for key in SUMMARY_KEYS:
+        assert resumed[key] == reference[key], key
+    assert _without_times(killed) == _without_times(tmp_path / "reference")
+    final = torch.load(killed / "checkpoint.pt", weights_only=False)["model"]
+    expected = torch.load(tmp_path / "reference" / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.equal(final[name], expected[name]) for name in expected)
+
+
+def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
+    _, run_dir = _run(tmp_path, "run", max_steps=2)
+    previous = (run_dir / "checkpoint.pt").read_bytes()
+
+    def disk_full(obj, handle, *args, **kwargs):
+        handle.write(previous[:100])  # part of a file, then the disk is full
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(torch, "save", disk_full)
+    with pytest.raises(OSError, match=r"No space left on device.*previous checkpoint") as failure:
+        _run(tmp_path, "run", max_steps=4, resume=True)
+    assert failure.value.errno == errno.ENOSPC
+    assert (run_dir / "checkpoint.pt").read_bytes() == previous
+    assert not list(run_dir.glob("*.tmp"))  # the partial file is gone
+    monkeypatch.undo()
+    summary, _ = _run(tmp_path, "run", max_steps=4, resume=True)  # the rerun continues from step 2
+    assert summary["steps"] == 4
+
+
+def test_unwritable_output_directory(tmp_path):
+    out = tmp_path / "read-only"
+    out.mkdir()
+    out.chmod(0o500)
+    try:
+        if os.access(out, os.W_OK):
+            pytest.skip("this user writes into read-only folders (root)")
+        with pytest.raises(PermissionError, match="not writable"):
+            train(TrainConfig(**{**TINY, "out": str(out)}))
+    finally:
+        out.chmod(0o700)
+
+
+def test_non_finite_steps_are_skipped_and_training_goes_on(tmp_path, monkeypatch):
+    """An Inf input at the 3rd step (non-finite forward: loss, gradients and BatchNorm statistics) and an Inf
+    gradient at the 6th (second epoch): both steps are skipped and counted, and nothing non-finite reaches
+    the model."""
+    create_model = train_module.create_model
+    forwards, backwards = [0], [0]
+
+    def faulty_model(*args, **kwargs):
+        model = create_model(*args, **kwargs)
+
+        def poison_input(module, inputs):
+            forwards[0] += module.training
+            return (inputs[0] * math.inf,) if module.training and forwards[0] == 3 else None
+
+        def poison_gradient(grad):
+            backwards[0] += 1
+            return grad * math.inf if backwards[0] == 6 else grad
+
+        model.register_forward_pre_hook(poison_input)
+        model.get_classifier().weight.register_hook(poison_gradient)
+        return model
+
+    monkeypatch.setattr(train_module, "create_model", faulty_model)
+    summary, run_dir = _run(tmp_path, "faulty")
+    assert summary["steps"] == 10 and summary["skipped_steps"] == 2
+    assert [m["skipped_steps"] for m in _metrics(run_dir) if m["kind"] == "epoch"] == [1, 2]
+    model = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
+    assert all(torch.isfinite(value).all() for value in model.values() if value.is_floating_point())
+    assert summary["final_test_accuracy"] > 0.2  # a working model (ten classes)
