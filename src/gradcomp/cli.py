@@ -64,13 +64,16 @@ def _sparsity(args: argparse.Namespace) -> None:
 def _train(args: argparse.Namespace) -> None:
     import os
 
-    from gradcomp.train import resolve_config, train
+    from gradcomp.train import TrainingInterrupted, resolve_config, train
 
     overrides = {key: getattr(args, key) for key in TRAIN_FLAGS}
     overrides["resume"] = args.resume or None
     overrides["progress"] = args.progress
     config = resolve_config(args.config, **overrides)
-    summary = train(config)
+    try:
+        summary = train(config)
+    except TrainingInterrupted as stop:  # SIGTERM/SIGINT: a message, not a traceback (exit status 1)
+        raise SystemExit(f"{config.out}: {stop}") from None
     if os.environ.get("RANK", "0") != "0":  # under torchrun rank 0 alone reports
         return
     accuracy = summary["final_test_accuracy"]
