@@ -1,9 +1,12 @@
 # Regenerates every table and figure of the project: training runs -> experiments (figure, table, headline
 # numbers) -> SUMMARY.md. Rules live in workflow/rules/, one file per stage, and only wire files to
-# `gradcomp` CLI verbs. Run with --configfile config/<name>.yaml (default: config/default.yaml).
+# `gradcomp` CLI verbs. Run with --configfile config/<name>.yaml; without one, config/default.yaml is used
+# (a --configfile replaces it rather than being merged into it).
 
 
-configfile: "config/default.yaml"
+if not config:
+
+    configfile: "config/default.yaml"
 
 
 report: "workflow/report/workflow.rst"
