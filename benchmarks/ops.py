@@ -2,10 +2,12 @@
 
 CPU (vectorised torch path, 2^22 float32 elements): lognormal threshold + prune vs the kthvalue and sort
 thresholds + prune; quantize_fp vs torch's float8 cast and qtorch's float_quantize (when installed:
-`pip install -e .[bench]`); quantize_int per scheme. CUDA (when present): every Triton kernel's bandwidth
-against a device-to-device copy. Prints Markdown tables; all figures are ratios measured in this run.
+`pip install -e .[bench]`); quantize_int per scheme. CUDA (when present, 16x the elements): every Triton
+kernel's bandwidth against a device-to-device copy, and lognormal threshold + prune and quantize_fp against
+the kthvalue threshold and torch's float8 casts on the GPU. Prints Markdown tables; all figures are ratios
+measured in this run.
 
-    python benchmarks/ops.py [--numel 4194304] [--repeats 7]
+    python benchmarks/ops.py [--numel 4194304] [--repeats 11] [--device auto|cpu|cuda] [--quick]
 """
 
 from __future__ import annotations
@@ -141,49 +143,80 @@ def cpu_rows(numel: int, repeats: int) -> tuple[list[dict], list[str]]:
     return rows, notes
 
 
-def cuda_rows(numel: int, repeats: int) -> list[dict]:
-    x = signed_lognormal(numel, sigma=2.0, zero_fraction=0.3).cuda()
-    (copy_ms,) = median_ms(lambda: x.clone(), repeats=repeats, device="cuda")
-    bytes_moved = 2 * x.numel() * x.element_size()
+def device_rows(numel: int, repeats: int, device: str) -> list[dict]:
+    """On `device` (CUDA: the Triton kernels): each op's bandwidth against a device-to-device copy, and its
+    time against the baseline it replaces (kthvalue threshold + prune, torch's float8 casts)."""
+    x = signed_lognormal(numel, sigma=2.0, zero_fraction=0.3).to(device)
+    x_scaled = x * 2.0 ** round(8 / math.log(2))  # as in cpu_rows
     alpha = lognormal_threshold(x, SPARSITY)
-    ops = {
-        "stochastic_prune": lambda: stochastic_prune(x, alpha, seed=0),
-        "quantize_fp e4m3 nearest": lambda: quantize_fp(x, "e4m3"),
-        "quantize_fp e4m3 stochastic": lambda: quantize_fp(x, "e4m3", rounding="stochastic", seed=0),
-        "quantize_int 5-bit psq": lambda: quantize_int(x.view(256, -1), 5, "psq", seed=0),
-        "log_moments (read only)": lambda: lognormal_threshold(x, SPARSITY),
-    }
+    (copy_ms,) = median_ms(lambda: x.clone(), repeats=repeats, device=device)
+    copy_bytes = 2 * x.numel() * x.element_size()
+    label = f"op ({device}, {numel} fp32)"
     rows = [
         {
-            "op (CUDA)": "device copy",
+            label: "device copy",
             "ms": round(copy_ms, 3),
-            "GB/s": round(bytes_moved / copy_ms / 1e6, 1),
+            "GB/s": round(copy_bytes / copy_ms / 1e6, 1),
             "fraction of copy": 1.0,
+            "baseline": "",
+            "baseline ms": "",
+            "speed-up": "",
         }
     ]
-    for name, fn in ops.items():
-        (ms,) = median_ms(fn, repeats=repeats, device="cuda")
-        moved = bytes_moved / 2 if name.startswith("log_moments") else bytes_moved
+    # (op, fn, bytes moved, baseline, baseline fn)
+    ops = [
+        ("stochastic_prune", lambda: stochastic_prune(x, alpha, seed=0), copy_bytes, "", None),
+        (
+            "lognormal_threshold + stochastic_prune",
+            lambda: stochastic_prune(x, lognormal_threshold(x, SPARSITY), seed=0),
+            1.5 * copy_bytes,
+            "kthvalue threshold + prune",
+            lambda: kthvalue_prune(x),
+        ),
+        ("log_moments (read only)", lambda: lognormal_threshold(x, SPARSITY), copy_bytes / 2, "", None),
+        (
+            "quantize_fp e5m2-inf nearest",
+            lambda: quantize_fp(x_scaled, "e5m2-inf"),
+            copy_bytes,
+            "x.to(float8_e5m2).float()",
+            lambda: x_scaled.to(torch.float8_e5m2).float(),
+        ),
+        (
+            "quantize_fp e4m3 nearest",
+            lambda: quantize_fp(x_scaled, "e4m3"),
+            copy_bytes,
+            "x.to(float8_e4m3fn).float()",
+            lambda: x_scaled.to(torch.float8_e4m3fn).float(),
+        ),
+        (
+            "quantize_fp e4m3 stochastic",
+            lambda: quantize_fp(x_scaled, "e4m3", rounding="stochastic", seed=0),
+            copy_bytes,
+            "",
+            None,
+        ),
+        (
+            "quantize_int 5-bit psq",
+            lambda: quantize_int(x.view(256, -1), 5, "psq", seed=0),
+            copy_bytes,
+            "",
+            None,
+        ),
+    ]
+    for name, fn, moved, baseline, baseline_fn in ops:
+        fns = (fn, baseline_fn) if baseline_fn else (fn,)
+        ms, *baseline_ms = median_ms(*fns, repeats=repeats, device=device)
         rows.append(
             {
-                "op (CUDA)": name,
+                label: name,
                 "ms": round(ms, 3),
                 "GB/s": round(moved / ms / 1e6, 1),
-                "fraction of copy": round(copy_ms / ms * moved / bytes_moved, 2),
+                "fraction of copy": round(copy_ms / ms * moved / copy_bytes, 2),
+                "baseline": baseline,
+                "baseline ms": round(baseline_ms[0], 3) if baseline_ms else "",
+                "speed-up": round(baseline_ms[0] / ms, 2) if baseline_ms else "",
             }
         )
-    kth_ms = median_ms(lambda: kthvalue_prune(x), repeats, "cuda")
-    ours_ms = median_ms(
-        lambda: stochastic_prune(x, lognormal_threshold(x, SPARSITY), seed=0), repeats, "cuda"
-    )
-    rows.append(
-        {
-            "op (CUDA)": "lognormal threshold + prune vs kthvalue + prune",
-            "ms": round(ours_ms, 3),
-            "GB/s": "",
-            "fraction of copy": f"speed-up {kth_ms / ours_ms:.1f}x",
-        }
-    )
     return rows
 
 
@@ -191,19 +224,30 @@ def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    parser.add_argument("--numel", type=int, default=1 << 22)
+    parser.add_argument("--numel", type=int, default=1 << 22, help="CPU size; the device table uses 16x")
     parser.add_argument("--repeats", type=int, default=11)
+    parser.add_argument(
+        "--device",
+        choices=("auto", "cpu", "cuda"),
+        default="auto",
+        help="where the bandwidth table runs: CUDA when available (auto), or forced (cpu: a dry run)",
+    )
+    parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 repeats: checks that it runs")
     args = parser.parse_args()
+    if args.quick:
+        args.numel, args.repeats = 1 << 16, 3
+    device = ("cuda" if torch.cuda.is_available() else None) if args.device == "auto" else args.device
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
     rows, notes = cpu_rows(args.numel, args.repeats)
     print(to_markdown(rows))
     for note in notes:
         print(f"note: {note}")
-    if torch.cuda.is_available():
-        print(f"\nCUDA: {torch.cuda.get_device_name()}")
-        print(to_markdown(cuda_rows(args.numel * 16, args.repeats)))
-    else:
+    if device is None:
         print("\nno CUDA device: Triton kernel bandwidths not measured")
+        return
+    if device == "cuda":
+        print(f"\nCUDA: {torch.cuda.get_device_name()}")
+    print(to_markdown(device_rows(args.numel * (1 if args.quick else 16), args.repeats, device)))
 
 
 if __name__ == "__main__":

@@ -1,12 +1,18 @@
 """Training-step overhead of gradient compression, measured side by side in one run.
 
-ResNet18 (timm, in_chans=1) on Fashion-MNIST-sized batches (batch 128, 28x28; the real images when the
-Debian package is installed), SGD. Each arm has its own copy of the same initial model; arms run
-interleaved, a few steps at a time, and the median step time of each is compared with the uncompressed
-arm. Compression acts on each policy's default layers (convolution outputs for prune and fp, plus the
-classifier for int); the probe is off.
+ResNet18 (timm), SGD. By default on the CPU with Fashion-MNIST-sized batches (batch 128, 28x28x1; the real
+images when the Debian package is installed); `--image-size` / `--channels` switch to synthetic images of that
+shape, e.g. the ImageNet-sized GPU check:
 
-    python benchmarks/train_overhead.py [--rounds 6] [--steps 4] [--batch-size 128]
+    python benchmarks/train_overhead.py --device cuda --batch-size 256 --image-size 224 --channels 3
+
+Each arm has its own copy of the same initial model; arms run interleaved, a few steps at a time, and the
+median step time of each is compared with the uncompressed arm (on CUDA each step is timed to its last
+kernel; batches are on the device beforehand). Compression acts on each policy's default layers
+(convolution outputs for prune and fp, plus the classifier for int); the probe is off.
+
+    python benchmarks/train_overhead.py [--rounds 6] [--steps 4] [--batch-size 128] [--device cpu|cuda]
+                                        [--image-size N] [--channels C] [--quick]
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from torch import nn
 
 from gradcomp.analysis.tables import to_markdown
 from gradcomp.attach import Schedule, attach
-from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split
+from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split, make_synthetic
 from gradcomp.models import create_model
 
 ARMS = {
@@ -33,14 +39,18 @@ ARMS = {
 }
 
 
-def batches(batch_size: int):
-    if FASHION_MNIST_SYSTEM_DIR.exists():
-        data = load_split("fashion-mnist", None, True, subset_per_class=batch_size)
-        source = "Fashion-MNIST"
-    else:
-        data = load_split("synthetic", None, True)
+def batches(batch_size: int, image_size: int | None, channels: int | None, device: str):
+    """A few training batches on `device`, and what they are."""
+    if image_size is None and channels is None and FASHION_MNIST_SYSTEM_DIR.exists():
+        data, source = load_split("fashion-mnist", None, True, subset_per_class=batch_size), "Fashion-MNIST"
+    elif image_size is None and channels is None:
+        data, source = load_split("synthetic", None, True), "synthetic"
+    else:  # two batches of synthetic images of the requested shape
+        per_class = -(-2 * batch_size // 10)
+        data = make_synthetic(True, image_size=image_size or 32, channels=channels or 3, per_class=per_class)
         source = "synthetic"
-    return list(data.batches(batch_size, shuffle=True, drop_last=True)), source
+    chosen = data.batches(batch_size, shuffle=True, drop_last=True)
+    return [(images.to(device), labels.to(device)) for images, labels in chosen], source
 
 
 def main() -> None:
@@ -51,11 +61,20 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per arm per round")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
+    parser.add_argument("--image-size", type=int, help="synthetic images of this size (default 32)")
+    parser.add_argument("--channels", type=int, help="synthetic images with this many channels (default 3)")
+    parser.add_argument("--quick", action="store_true", help="batch 8, 16x16 images, one timed step per arm")
     args = parser.parse_args()
+    if args.quick:
+        args.rounds, args.steps, args.batch_size = 1, 1, 8
+        args.image_size = args.image_size or 16
+    cuda = args.device == "cuda"
 
-    data, source = batches(args.batch_size)
+    data, source = batches(args.batch_size, args.image_size, args.channels, args.device)
     torch.manual_seed(0)
-    base = create_model(args.model, num_classes=10, in_chans=data[0][0].shape[1])
+    shape = "x".join(map(str, data[0][0].shape[1:][::-1]))
+    base = create_model(args.model, num_classes=10, in_chans=data[0][0].shape[1]).to(args.device)
     arms = {}
     for name, spec in ARMS.items():
         model = copy.deepcopy(base)
@@ -65,6 +84,8 @@ def main() -> None:
 
     def step(model, handle, optimizer, index: int) -> float:
         images, labels = data[index % len(data)]
+        if cuda:
+            torch.cuda.synchronize()
         start = time.perf_counter()
         if handle is not None:
             handle.begin_step(index)
@@ -72,9 +93,11 @@ def main() -> None:
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if cuda:
+            torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    for model, handle, optimizer, _ in arms.values():  # warm-up
+    for model, handle, optimizer, _ in arms.values():  # warm-up (and kernel compilation)
         for index in range(2):
             step(model, handle, optimizer, index)
     counter = 0
@@ -95,8 +118,9 @@ def main() -> None:
                 "vs uncompressed": round(median / baseline, 3),
             }
         )
+    where = torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} CPU threads"
     print(
-        f"{args.model}, batch {args.batch_size}, {source} 28x28, {torch.get_num_threads()} CPU threads, "
+        f"{args.model}, batch {args.batch_size}, {source} {shape}, {where}, "
         f"{args.rounds * args.steps} timed steps per arm"
     )
     print(to_markdown(rows))

@@ -1,15 +1,31 @@
-# TRITON_INTERPRET must be set before anything imports triton.language (torch, torchvision and timm may),
-# so these lines come first. On a CUDA machine run with TRITON_INTERPRET=0 to test the compiled kernels.
+# TRITON_INTERPRET must be set before anything imports triton.language (torchvision and timm do; importing
+# torch does not), so these lines come first. Unset, it becomes 0 where a CUDA device is visible (the Triton
+# kernels are compiled and tested on it) and 1 elsewhere (they run on CPU tensors under the interpreter).
 import os
 
-os.environ.setdefault("TRITON_INTERPRET", "1")
+import torch
+
+os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
 
 import pytest
-import torch
 
 from gradcomp._backend import interpreter_enabled
 
 KERNEL_DEVICE = "cuda" if torch.cuda.is_available() and not interpreter_enabled() else "cpu"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line(
+        "markers",
+        "cuda: the GPU subset (Triton kernels against the torch path, large tensors); `pytest -m cuda` runs "
+        "it on CUDA when TRITON_INTERPRET is unset or 0, under the Triton interpreter otherwise",
+    )
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:  # every test of the kernels belongs to the GPU subset
+        if "kernel_device" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.cuda)
 
 
 @pytest.fixture
