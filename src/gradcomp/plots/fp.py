@@ -19,12 +19,16 @@ _LN2 = math.log(2.0)
 
 
 def _monte_carlo_mse(fmt_name: str, sigma2: float, log2_scale: float, numel: int, seed: int) -> float:
-    """Relative MSE of quantize_fp on log2|x| ~ N(0, sigma2^2) samples (nearest rounding, given scale)."""
+    """Relative MSE E[(Q(x)-x)^2]/E[x^2] of quantize_fp (nearest, given scale) for log2|x| ~ N(0, sigma2^2).
+
+    Samples come from the energy-tilted lognormal x^2 f(x)/E[x^2] (log2-mean 2 ln2 sigma2^2, same sigma),
+    under which the relative MSE is the plain mean of ((Q(x)-x)/x)^2: the same quantity, but without the
+    variance of plain sampling, whose error energy sits far out in the tail."""
     generator = torch.Generator().manual_seed(seed)
-    x = torch.exp2(sigma2 * torch.randn(numel, generator=generator, dtype=torch.float64)).float()
+    z = torch.randn(numel, generator=generator, dtype=torch.float64)
+    x = torch.exp2(sigma2 * z + 2 * _LN2 * sigma2 * sigma2).float()
     q = quantize_fp(x, parse_format(fmt_name), scale=2.0**log2_scale)
-    x64, q64 = x.double(), q.double()
-    return float(((q64 - x64) ** 2).sum() / (x64 * x64).sum())
+    return float((((q.double() - x.double()) / x.double()) ** 2).mean())
 
 
 @experiment(
@@ -36,7 +40,8 @@ def _monte_carlo_mse(fmt_name: str, sigma2: float, log2_scale: float, numel: int
     subnormals): an optimum between underflow and overflow. (b) At the optimal scale against sigma2 for every
     exponent/mantissa split of 6 bits (idealised grid). (c) The optimal number of exponent bits against
     sigma2 for 4-8 bit formats on the idealised grid and on real saturating and IEEE-like grids with
-    subnormals (the optimum moves). (d) Analytic MSE against a Monte-Carlo estimate with quantize_fp.""",
+    subnormals (the optimum moves). (d) Analytic MSE against a Monte-Carlo estimate with quantize_fp (samples
+    drawn from the energy-tilted lognormal, which has the same relative MSE and a far smaller variance).""",
     uses_runs=False,
 )
 def fp_mse_theory(inputs: FigureInputs) -> dict:
