@@ -1,0 +1,219 @@
+import json
+import math
+
+import pytest
+import torch
+import yaml
+from torch import nn
+
+import gradcomp.plots.statquant  # noqa: F401  (registers B1-B4, X2)
+from gradcomp.analysis.gradients import (
+    bin_codes,
+    fqt_weight_gradients,
+    layer_weights,
+    output_gradients,
+    quantization_variance,
+    relative_error_of_mean,
+    row_ranges,
+    sample_variance,
+    weight_gradients,
+)
+from gradcomp.ops.int_quant import BlockHouseholder, _affine_params, quantize_int
+from gradcomp.plots import EXPERIMENTS, EXTENSIONS, FigureInputs
+from gradcomp.qat import quantize_forward
+from gradcomp.train import TrainConfig, train
+
+
+def _heterogeneous_rows(n=32, d=64, seed=0):
+    """Rows with lognormal scales, row 0 a thousand times larger than the rest."""
+    generator = torch.Generator().manual_seed(seed)
+    x = torch.randn(n, d, generator=generator) * torch.exp(torch.randn(n, 1, generator=generator))
+    x[0] *= 1000
+    return x
+
+
+def _tiny_model(seed=0):
+    torch.manual_seed(seed)
+    model = nn.Sequential(
+        nn.Conv2d(3, 4, 3, padding=1),
+        nn.BatchNorm2d(4),
+        nn.ReLU(inplace=True),
+        nn.Flatten(),
+        nn.Linear(4 * 36, 5),
+    )
+    quantize_forward(model, 8)
+    return model.eval()
+
+
+def _batch(seed=0, n=8):
+    generator = torch.Generator().manual_seed(seed)
+    return torch.randn(n, 3, 6, 6, generator=generator), torch.randint(0, 5, (n,), generator=generator)
+
+
+@pytest.mark.parametrize("scheme", ["ptq", "psq", "bhq"])
+def test_bin_codes_are_in_range_and_count_every_element(scheme):
+    x = _heterogeneous_rows()
+    codes = bin_codes(x, 4, scheme, seed=3)
+    assert codes.shape == x.shape and codes.dtype == torch.int64
+    assert codes.min() >= 0 and codes.max() <= 15
+    assert torch.bincount(codes.flatten(), minlength=16).sum() == x.numel()
+    assert codes.max() == 15 and codes.min() == 0  # min-max maps reach both ends of the code book
+
+
+@pytest.mark.parametrize("scheme", ["ptq", "psq", "bhq"])
+def test_bin_codes_are_the_codes_quantize_int_uses(scheme):
+    """quantize_int's output, mapped back to the coded domain, sits on exactly these codes."""
+    x = _heterogeneous_rows()
+
+    def coded_domain(rows):
+        if scheme == "bhq":
+            return transform.reflect(rows * transform.scale[:, None])
+        return rows.reshape(1, -1) if scheme == "ptq" else rows
+
+    transform = BlockHouseholder.from_ranges(row_ranges(x))
+    zero, scale, _ = _affine_params(coded_domain(x), 15)
+    output = coded_domain(quantize_int(x.double(), 4, scheme, seed=7))
+    codes = bin_codes(x.double(), 4, scheme, seed=7).reshape(output.shape)
+    assert torch.allclose((output - zero[:, None]) * scale[:, None], codes.double(), atol=1e-3)
+
+
+def test_per_tensor_codes_use_fewer_bins_than_per_sample_codes_with_one_dominant_row():
+    x = _heterogeneous_rows()
+    distinct = {s: bin_codes(x, 8, s).unique().numel() for s in ("ptq", "psq")}
+    assert distinct["ptq"] < distinct["psq"] / 4
+    assert row_ranges(x)[0] > 100 * row_ranges(x)[1:].max()
+
+
+def test_output_gradients_are_the_loss_gradients_of_every_layer_output():
+    model = _tiny_model()
+    images, labels = _batch()
+    captured = output_gradients(model, images, labels)
+    assert set(captured) == {"0", "4"}
+    assert captured["0"].shape == (8, 4 * 36) and captured["4"].shape == (8, 5)
+    logits = model(images)
+    expected = (torch.softmax(logits, 1) - nn.functional.one_hot(labels, 5)) / 8  # d mean CE / d logits
+    assert torch.allclose(captured["4"], expected, atol=1e-6)
+    assert all(p.grad is None for p in model.parameters())  # nothing left behind
+
+
+def test_weight_gradients_cover_every_conv_and_linear_weight():
+    model = _tiny_model()
+    weights = layer_weights(model)
+    assert list(weights) == ["0", "4"]
+    assert all(w.requires_grad and w.is_leaf for w in weights.values())  # the QAT originals
+    grads = weight_gradients(model, *_batch())
+    assert grads.shape == (sum(w.numel() for w in weights.values()),)
+    assert grads.abs().sum() > 0
+
+
+def test_sample_variance_is_zero_for_identical_batches_and_positive_otherwise():
+    model = _tiny_model()
+    same = torch.stack([weight_gradients(model, *_batch(0)) for _ in range(3)])
+    assert sample_variance(same) == pytest.approx(0.0, abs=1e-12)
+    different = torch.stack([weight_gradients(model, *_batch(seed)) for seed in range(3)])
+    assert sample_variance(different) > 0
+
+
+def test_quantization_variance_falls_with_bits_and_draws_differ():
+    model = _tiny_model()
+    images, labels = _batch()
+    exact = weight_gradients(model, images, labels)[None]
+    variance = {}
+    for bits in (2, 4, 6):
+        policy = f"int:bits={bits},scheme=psq,weight_bits={bits}"
+        draws = fqt_weight_gradients(model, images, labels, policy, draws=4, seed=1)
+        assert not torch.equal(draws[0], draws[1])
+        variance[bits] = quantization_variance(exact, draws[None])
+    assert variance[2] > 4 * variance[4] > 16 * variance[6] > 0
+    assert torch.equal(weight_gradients(model, images, labels), exact[0])  # detached again
+
+
+def test_relative_error_of_the_mean_of_unbiased_draws_falls_like_one_over_sqrt_k():
+    generator = torch.Generator().manual_seed(0)
+    exact = torch.ones(20_000)
+    draws = exact + torch.randn(64, 20_000, generator=generator)
+    errors = relative_error_of_mean(exact, draws, [1, 4, 16, 64])
+    assert errors[0] == pytest.approx(1.0, rel=0.03)
+    assert errors[-1] == pytest.approx(1 / 8, rel=0.05)
+    biased = relative_error_of_mean(exact, draws + 0.5, [1, 64])
+    assert biased[-1] == pytest.approx(math.sqrt(0.25 + 1 / 64), rel=0.05)
+
+
+@pytest.fixture(scope="module")
+def qat_run(tmp_path_factory):
+    """A resnet10t with 8-bit forward quantization, trained a few steps on synthetic images."""
+    out = tmp_path_factory.mktemp("runs") / "qat8"
+    config = TrainConfig(
+        out=str(out),
+        dataset="synthetic",
+        model="resnet10t",
+        model_kwargs={"channels": [8, 16, 32, 64]},
+        batch_size=32,
+        max_steps=3,
+        subset_per_class=8,
+        test_subset_per_class=8,
+        forward_bits=8,
+        progress=False,
+        threads=1,
+    )
+    train(config)
+    return out
+
+
+def _outputs(out_dir, experiment_id, runs, params):
+    """Run one experiment; check its five files and that its JSON headline holds only finite numbers."""
+    experiment = EXPERIMENTS[experiment_id]
+    headline = experiment.make(FigureInputs(runs, params, out_dir, experiment.prefix))
+    for extension in EXTENSIONS:
+        assert (out_dir / f"{experiment.prefix}.{extension}").stat().st_size > 0
+    record = json.loads((out_dir / f"{experiment.prefix}.json").read_text())
+    assert record["headline"] == json.loads(json.dumps(headline))
+    numbers = list(_numbers(record["headline"]))
+    assert numbers and all(math.isfinite(n) for n in numbers)
+    return experiment, headline
+
+
+def _numbers(value):
+    if isinstance(value, dict | list):
+        for item in value.values() if isinstance(value, dict) else value:
+            yield from _numbers(item)
+    elif isinstance(value, float | int) and not isinstance(value, bool):
+        yield value
+
+
+def test_variance_vs_bits_end_to_end_falls_by_about_four_per_bit(tmp_path, qat_run):
+    params = {"run": "qat8", "bits": [3, 6], "batches": 2, "draws": 1}
+    _, headline = _outputs(tmp_path, "B2", {"qat8": qat_run}, params)
+    for scheme in ("ptq", "psq", "bhq"):
+        assert 2.5 < headline[f"{scheme}_per_bit_factor"] < 6
+    assert headline["ptq_over_psq_geomean"] > 1
+    assert headline["sample_variance"] > 0
+
+
+def test_unbiasedness_end_to_end(tmp_path, qat_run):
+    _, headline = _outputs(tmp_path, "B3", {"qat8": qat_run}, {"run": "qat8", "bits": 4, "draws": 4})
+    for scheme in ("ptq", "psq", "bhq"):
+        assert headline[f"{scheme}_error_K4"] < headline[f"{scheme}_error_K1"]
+
+
+def _fake_run(folder, policy, accuracy, forward_bits=8):
+    folder.mkdir()
+    (folder / "config.yaml").write_text(yaml.safe_dump({"policy": policy, "forward_bits": forward_bits}))
+    (folder / "summary.json").write_text(json.dumps({"final_test_accuracy": accuracy}))
+    return folder
+
+
+def test_accuracy_table_reads_bits_and_scheme_from_the_policy(tmp_path):
+    runs = {
+        "exact": _fake_run(tmp_path / "a", "none", 0.90, forward_bits=None),
+        "reference": _fake_run(tmp_path / "b", "none", 0.88),
+        "x": _fake_run(tmp_path / "c", "int:bits=4,scheme=bhq", 0.86),
+        "y": _fake_run(tmp_path / "d", "int:bits=4,scheme=psq", 0.87),
+        "z": _fake_run(tmp_path / "e", "int:bits=4,scheme=ptq", 0.80),
+    }
+    experiment, headline = _outputs(tmp_path / "out", "B4", runs, {})
+    assert headline["x_gap_to_qat_points"] == pytest.approx(-2.0)
+    assert headline["z_gap_to_qat_points"] == pytest.approx(-8.0)
+    assert headline["bhq_ge_psq_ge_ptq_at_bits"] == {4: False}
+    table = (tmp_path / "out" / f"{experiment.prefix}.csv").read_text().splitlines()
+    assert [line.split(",")[:2] for line in table[1:3]] == [["exact", "Exact"], ["reference", "QAT"]]
