@@ -58,7 +58,7 @@ def _pareto(rows: list[dict]) -> list[dict]:
 )
 def accuracy_vs_bits(inputs: FigureInputs) -> dict:
     rows = _rows(load_runs(inputs.runs))
-    figure, axes = subplots(inputs, width=7.5, height=4.8)
+    figure, axes = subplots(width=7.5, height=4.8)
     ax = axes[0][0]
     for index, family in enumerate(sorted({r["family"] for r in rows})):
         mine = [r for r in rows if r["family"] == family]
@@ -97,7 +97,7 @@ def prune_plus_fp(inputs: FigureInputs) -> dict:
     rows = _rows(runs)
     baseline = next((r for r in rows if r["family"] == "fp32"), None)
     shown = [r for r in rows if r is not baseline]
-    figure, axes = subplots(inputs, width=7.0, height=4.4)
+    figure, axes = subplots(width=7.0, height=4.4)
     ax = axes[0][0]
     bars = ax.bar(
         [r["policy"].replace("+", "\n+ ") for r in shown], [r["accuracy"] for r in shown], color="C0"

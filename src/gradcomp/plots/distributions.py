@@ -49,7 +49,7 @@ def gradient_histograms(inputs: FigureInputs) -> dict:
     edges, centres = probe["edges"], (probe["edges"][1:] + probe["edges"][:-1]) / 2
     last = int(probe["step"].max())
     gradient_rows = _rows(probe, "gradient", last)
-    figure, axes = subplots(inputs, ncols=4, nrows=2, width=3.6, height=3.0)
+    figure, axes = subplots(ncols=4, nrows=2, width=3.6, height=3.0)
     rows = []
     for ax, index in zip(axes[0], _spread_layers(gradient_rows, 4), strict=False):
         counts = probe["hist"][index]
@@ -129,7 +129,7 @@ def goodness_of_fit(inputs: FigureInputs) -> dict:
                 rows.append(
                     {"layer": str(probe["layer"][index]), "kind": kind, "family": family, "ks_d": statistic}
                 )
-    figure, axes = subplots(inputs, ncols=2, width=5.5, height=4.0)
+    figure, axes = subplots(ncols=2, width=5.5, height=4.0)
     gradients = [row for row in rows if row["kind"] == "gradient"]
     order = sorted(families, key=lambda f: np.mean([r["ks_d"] for r in gradients if r["family"] == f]))
     sns.boxplot(
@@ -204,7 +204,7 @@ def statistics_over_training(inputs: FigureInputs) -> dict:
     ]
     layers = list(dict.fromkeys(row["layer"] for row in rows))
     palette = sns.color_palette("viridis", len(layers))
-    figure, axes = subplots(inputs, ncols=2, width=5.2, height=4.0)
+    figure, axes = subplots(ncols=2, width=5.2, height=4.0)
     for colour, layer in zip(palette, layers, strict=True):
         mine = [row for row in rows if row["layer"] == layer]
         steps = [row["step"] for row in mine]

@@ -48,7 +48,7 @@ def fp_mse_theory(inputs: FigureInputs) -> dict:
     params = inputs.params
     bits_list, kinds = params.get("bits", [4, 5, 6, 8]), params.get("kinds", ["ideal", "saturate", "inf"])
     numel = int(params.get("monte_carlo", 200_000))
-    figure, axes = subplots(inputs, ncols=2, nrows=2, width=5.0, height=3.8)
+    figure, axes = subplots(ncols=2, nrows=2, width=5.0, height=3.8)
     rows = []
 
     ax = axes[0][0]
@@ -179,7 +179,7 @@ def fp_formats(inputs: FigureInputs) -> dict:
     runs = load_runs(inputs.runs)
     baseline = _baseline(runs)
     rows = sorted(_accuracy_rows(runs, baseline), key=lambda row: (-row["bits"], row["format"]))
-    figure, axes = subplots(inputs, width=7.0, height=4.0)
+    figure, axes = subplots(width=7.0, height=4.0)
     ax = axes[0][0]
     ax.bar([row["format"] for row in rows], [row["accuracy"] for row in rows], color="C0")
     _baseline_line(ax, baseline)
@@ -207,7 +207,7 @@ def scaling_and_split(inputs: FigureInputs) -> dict:
     runs = load_runs(inputs.runs)
     baseline = _baseline(runs)
     rows = _accuracy_rows(runs, baseline)
-    figure, axes = subplots(inputs, ncols=2, width=5.0, height=4.0)
+    figure, axes = subplots(ncols=2, width=5.0, height=4.0)
     ax = axes[0][0]
     sweep = sorted((r for r in rows if r["scaling"] == "global"), key=lambda r: r["log2_global_scale"])
     ax.plot(
@@ -275,7 +275,7 @@ def failure_cases(inputs: FigureInputs) -> dict:
     runs = load_runs(inputs.runs)
     baseline = _baseline(runs)
     rows = _accuracy_rows(runs, baseline)
-    figure, axes = subplots(inputs, ncols=2, width=5.6, height=4.2)
+    figure, axes = subplots(ncols=2, width=5.6, height=4.2)
     ax = axes[0][0]
     labels = [f"{r['format']}\n{_scaling_label(r)}" for r in rows]
     colours = ["C3" if r["scaling"] == "global" else "C2" for r in rows]

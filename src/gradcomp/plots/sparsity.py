@@ -51,7 +51,7 @@ def target_vs_achieved(inputs: FigureInputs) -> dict:
             for row in csv.DictReader(handle)
         ]
     runs = _prune_runs(load_runs(inputs.runs))
-    figure, axes = subplots(inputs, ncols=2, width=5.0, height=4.4)
+    figure, axes = subplots(ncols=2, width=5.0, height=4.4)
     rows = []
     for column, (title, points) in enumerate(
         (
@@ -141,7 +141,7 @@ def accuracy_vs_sparsity(inputs: FigureInputs) -> dict:
         for run in _prune_runs(runs)
     ]
     rows.sort(key=lambda r: (r["estimator"], r["target"]))
-    figure, axes = subplots(inputs, width=6.0, height=4.4)
+    figure, axes = subplots(width=6.0, height=4.4)
     ax = axes[0][0]
     for estimator, marker in _MARKERS.items():
         mine = [r for r in rows if r["estimator"] == estimator]
@@ -206,7 +206,7 @@ def heterogeneous_sparsity(inputs: FigureInputs) -> dict:
     het = constrained[0]
     same_target = next((r for r in homogeneous if r.policy.sparsity == het.policy.sparsity), None)
     truncation = het.policy.truncation
-    figure, axes = subplots(inputs, ncols=3, width=4.8, height=4.2)
+    figure, axes = subplots(ncols=3, width=4.8, height=4.2)
     rows = []
     compared = [het] + ([same_target] if same_target else [])
     for offset, run in enumerate(compared):

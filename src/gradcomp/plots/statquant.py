@@ -109,7 +109,7 @@ def bin_usage(inputs: FigureInputs) -> dict:
     ranges = row_ranges(x).double()
     positive = ranges[ranges > 0]
 
-    figure, axes = subplots(inputs, ncols=2, nrows=2, width=5.0, height=3.6)
+    figure, axes = subplots(ncols=2, nrows=2, width=5.0, height=3.6)
     ax = axes[0][0]
     ax.hist(positive.numpy(), bins=np.geomspace(float(positive.min()), float(positive.max()), 30), color="C7")
     ax.axvline(float(x.max() - x.min()), color="k", ls="--", label="whole-tensor range (PTQ)")
@@ -187,7 +187,7 @@ def variance_vs_bits(inputs: FigureInputs) -> dict:
         )
     variance = {(row["bits"], row["scheme"]): row["quantization_variance"] for row in rows}
 
-    figure, axes = subplots(inputs, width=5.6, height=4.2)
+    figure, axes = subplots(width=5.6, height=4.2)
     ax = axes[0][0]
     for scheme in SCHEMES:
         ax.plot(
@@ -267,7 +267,7 @@ def unbiasedness(inputs: FigureInputs) -> dict:
         for k, e in zip(ks, curve, strict=True)
     ]
 
-    figure, axes = subplots(inputs, width=5.6, height=4.2)
+    figure, axes = subplots(width=5.6, height=4.2)
     ax = axes[0][0]
     for name, curve in errors.items():
         colour, label = (
@@ -328,7 +328,7 @@ def accuracy_table(inputs: FigureInputs) -> dict:
     fqt = {(row["bits"], row["scheme"]): row["accuracy"] for row in rows if row["setting"] == "FQT"}
     bit_list = sorted({bits for bits, _ in fqt}, reverse=True)
 
-    figure, axes = subplots(inputs, width=5.6, height=4.2)
+    figure, axes = subplots(width=5.6, height=4.2)
     ax = axes[0][0]
     for setting, style in (("Exact", "--"), ("QAT", "-")):
         if setting in reference:
@@ -428,7 +428,7 @@ def range_sigma_predictor(inputs: FigureInputs) -> dict:
             }
         )
 
-    figure, axes = subplots(inputs, ncols=2, nrows=2, width=5.0, height=3.8)
+    figure, axes = subplots(ncols=2, nrows=2, width=5.0, height=3.8)
     correlations = {}
     for (predictor, xlabel), ax_row in zip(PREDICTORS.items(), axes, strict=True):
         for (gain, ylabel), ax, scheme in zip(GAINS.items(), ax_row, ("psq", "bhq"), strict=True):

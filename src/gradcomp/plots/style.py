@@ -10,16 +10,16 @@ from typing import Any
 import matplotlib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import seaborn as sns  # noqa: E402
+import matplotlib.pyplot as plt
+import seaborn as sns
 
-from gradcomp.analysis.tables import write_table  # noqa: E402
-from gradcomp.plots import FigureInputs  # noqa: E402
+from gradcomp.analysis.tables import write_table
+from gradcomp.plots import FigureInputs
 
 sns.set_theme(context="paper", style="whitegrid", font_scale=1.25)
 
 
-def subplots(inputs: FigureInputs, ncols: int = 1, nrows: int = 1, width: float = 4.8, height: float = 3.6):
+def subplots(ncols: int = 1, nrows: int = 1, width: float = 4.8, height: float = 3.6):
     figure, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
     return figure, axes
 
