@@ -30,8 +30,8 @@ SUMMARY_KEYS = ("final_test_accuracy", "best_test_accuracy", "steps", "epochs", 
 
 def _logged_steps(run_dir):
     path = run_dir / "metrics.jsonl"
-    lines = path.read_text().splitlines() if path.exists() else []
-    return [json.loads(line)["step"] for line in lines[:-1] if '"kind": "step"' in line]  # complete lines
+    complete = path.read_text().split("\n")[:-1] if path.exists() else []  # a line being written has no \n
+    return [json.loads(line)["step"] for line in complete if '"kind": "step"' in line]
 
 
 def _summary(run_dir):
