@@ -31,6 +31,10 @@ runs="$(mktemp -d -t gpu_check_runs.XXXXXX)"  # training output stays out of $OU
 trap 'rm -rf "$runs"' EXIT
 mkdir -p "$logs"
 
+# the test files of the kernels, whose tests `pytest -m cuda` selects (the other modules need packages, such as
+# snakemake, that a GPU machine without network may lack)
+kernel_tests=(tests/test_rng.py tests/test_prune.py tests/test_fp_quant.py tests/test_int_quant.py
+    tests/test_large_tensors.py)
 rows=()
 failed=0
 part() {  # part NAME LIMIT_SECONDS COMMAND...
@@ -49,9 +53,7 @@ part() {  # part NAME LIMIT_SECONDS COMMAND...
 
 if $dry_run; then
     export TRITON_INTERPRET=1
-    # the subset as collected from the kernels' test files (collecting every module would import timm etc.)
-    part tests 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda --collect-only tests/test_rng.py \
-        tests/test_prune.py tests/test_fp_quant.py tests/test_int_quant.py tests/test_large_tensors.py
+    part tests 120 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda --collect-only "${kernel_tests[@]}"
     part ops 120 "$PYTHON" benchmarks/ops.py --quick --device cpu
     part train_overhead 120 "$PYTHON" benchmarks/train_overhead.py --quick --device cpu
     echo "test_subset_per_class: 1" >"$runs/tiny.yaml"
@@ -65,7 +67,7 @@ else
         echo "no CUDA device visible to $PYTHON; use --dry-run on a machine without one" >&2
         exit 1
     fi
-    part tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda -rs tests
+    part tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda -rs "${kernel_tests[@]}"
     part ops 90 "$PYTHON" benchmarks/ops.py --device cuda
     part train_overhead 120 "$PYTHON" benchmarks/train_overhead.py --device cuda --batch-size 256 \
         --image-size 224 --channels 3 --rounds 4 --steps 3
