@@ -15,7 +15,7 @@ from gradcomp.policies import Chain, FloatingPoint, Integer, LayerStats, NoCompr
         ("prune:sparsity=0.85", Prune(0.85)),
         ("prune:sparsity=0.85,estimator=gaussian", Prune(0.85, "gaussian")),
         ({"name": "prune", "sparsity": 0.9}, Prune(0.9)),
-        ("fp:format=e4m1,scaling=per_layer_optimal", FloatingPoint("e4m1")),
+        ("fp:format=e4m1,scaling=per_layer_mean", FloatingPoint("e4m1")),
         ("int:bits=5,scheme=bhq", Integer(5, "bhq")),
         ("prune:sparsity=0.8+fp:format=e4m1", Chain((Prune(0.8), FloatingPoint("e4m1")))),
         (
