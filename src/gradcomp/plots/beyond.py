@@ -5,7 +5,7 @@ from __future__ import annotations
 from gradcomp.analysis.runs import Run, load_runs
 from gradcomp.plots import FigureInputs, experiment
 from gradcomp.plots.style import save, subplots
-from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Prune
+from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Policy, Prune
 
 
 def _family(run: Run) -> str:
@@ -23,12 +23,30 @@ def _family(run: Run) -> str:
     return policy.name
 
 
+def _label(policy: Policy) -> str:
+    """A short name for a policy in a figure: prune 0.85, FP6 [1,4,1], int4 BHQ, prune 0.85 + FP6 [1,4,1]."""
+    if isinstance(policy, Prune):
+        return f"prune {policy.sparsity:g}" + (
+            "" if policy.estimator == "lognormal" else f" {policy.estimator}"
+        )
+    if isinstance(policy, FloatingPoint):
+        fmt = policy.fmt
+        scaling = {"per_layer_mean": "", "per_layer_optimal": " min-MSE", "global": " global"}[policy.scaling]
+        return f"FP{1 + fmt.exp_bits + fmt.man_bits} [1,{fmt.exp_bits},{fmt.man_bits}]{scaling}"
+    if isinstance(policy, Integer):
+        return f"int{policy.bits} {policy.scheme.upper()}"
+    if isinstance(policy, Chain):
+        return " + ".join(_label(p) for p in policy.policies)
+    return policy.describe()
+
+
 def _rows(runs: dict[str, Run]) -> list[dict]:
     return [
         {
             "run": run.name,
             "family": _family(run),
             "policy": run.policy.describe(),
+            "label": _label(run.policy),
             "bits_per_element": run.effective_bits(),
             "accuracy": run.accuracy,
         }
@@ -117,8 +135,8 @@ def prune_plus_fp(inputs: FigureInputs) -> dict:
         ax.legend(fontsize=8)
     low = min(r["accuracy"] for r in rows)
     ax.set(ylabel="test accuracy", ylim=(max(0.0, low - 0.05), None))
-    ax.tick_params(axis="x", labelsize=7, rotation=20)
+    ax.tick_params(axis="x", labelsize=8)
     headline = {
-        r["policy"]: {"accuracy": r["accuracy"], "bits": round(r["bits_per_element"], 2)} for r in rows
+        r["label"]: {"accuracy": r["accuracy"], "bits": round(r["bits_per_element"], 2)} for r in rows
     }
     return save(inputs, figure, rows, "X3 pruning combined with low-bit FP", headline)

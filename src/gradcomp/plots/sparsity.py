@@ -222,7 +222,10 @@ def heterogeneous_sparsity(inputs: FigureInputs) -> dict:
             {"run": run.name, "layer": n, "sparsity": s, "predicted_cosine": c}
             for n, s, c in zip(names, sparsity, cosine, strict=True)
         ]
-    axes[0][0].set(xlabel="layer index (input to output)", ylabel="achieved sparsity", title="(a)")
+    low = min(r["sparsity"] for r in rows)
+    axes[0][0].set(
+        xlabel="layer index (input to output)", ylabel="achieved sparsity", title="(a)", ylim=(low - 0.05, 1)
+    )
     axes[0][1].axhline(het.policy.min_cosine, color="grey", linestyle="--", label="minimum cosine")
     axes[0][1].set(xlabel="layer index (input to output)", ylabel="predicted cosine similarity", title="(b)")
     for ax in axes[0][:2]:
