@@ -105,6 +105,11 @@ def gradient_histograms(inputs: FigureInputs) -> dict:
     return save(inputs, figure, rows, "A1 log2 histograms of neural gradients (baseline run)", headline)
 
 
+def _box_with_points(ax, x: list, y: list, colour: str, order: list | None = None) -> None:
+    sns.boxplot(x=x, y=y, order=order, ax=ax, color=colour, fliersize=0)
+    sns.stripplot(x=x, y=y, order=order, ax=ax, color="k", size=3)
+
+
 @experiment(
     "A2",
     "goodness_of_fit",
@@ -132,35 +137,13 @@ def goodness_of_fit(inputs: FigureInputs) -> dict:
     figure, axes = subplots(ncols=2, width=5.5, height=4.0)
     gradients = [row for row in rows if row["kind"] == "gradient"]
     order = sorted(families, key=lambda f: np.mean([r["ks_d"] for r in gradients if r["family"] == f]))
-    sns.boxplot(
-        x=[r["family"] for r in gradients],
-        y=[r["ks_d"] for r in gradients],
-        order=order,
-        ax=axes[0][0],
-        color="C0",
-        fliersize=0,
-    )
-    sns.stripplot(
-        x=[r["family"] for r in gradients],
-        y=[r["ks_d"] for r in gradients],
-        order=order,
-        ax=axes[0][0],
-        color="k",
-        size=3,
+    _box_with_points(
+        axes[0][0], [r["family"] for r in gradients], [r["ks_d"] for r in gradients], "C0", order
     )
     axes[0][0].set(yscale="log", xlabel="fitted family (neural gradients)", ylabel="KS statistic D")
     axes[0][0].tick_params(axis="x", rotation=30)
     lognormal = [row for row in rows if row["family"] == "lognormal"]
-    sns.boxplot(
-        x=[r["kind"] for r in lognormal],
-        y=[r["ks_d"] for r in lognormal],
-        ax=axes[0][1],
-        color="C1",
-        fliersize=0,
-    )
-    sns.stripplot(
-        x=[r["kind"] for r in lognormal], y=[r["ks_d"] for r in lognormal], ax=axes[0][1], color="k", size=3
-    )
+    _box_with_points(axes[0][1], [r["kind"] for r in lognormal], [r["ks_d"] for r in lognormal], "C1")
     axes[0][1].set(yscale="log", xlabel="tensor", ylabel="KS D against a lognormal")
     mean_d = {f: float(np.mean([r["ks_d"] for r in gradients if r["family"] == f])) for f in families}
     layers = {r["layer"] for r in gradients}
