@@ -41,6 +41,7 @@ def test_parse(spec, expected):
         ("fp:format=e9m9", "exp_bits"),
         ("fp:scaling=loss", "scaling"),
         ("int:bits=5.5", "bits"),
+        ("prune:min_cosine=high", "min_cosine must be float | None"),
         ("int:scheme=hadamard", "scheme"),
         ({"sparsity": 0.5}, "unknown policy None"),
     ],
@@ -71,7 +72,7 @@ def test_fp_scales():
     assert float(stats.scale) == 2.0 ** round(-mu2 - 3)
     FloatingPoint("e4m1", scaling="global", global_scale=2.0**10).compress(g, stats, True, 0)
     assert float(stats.scale) == 2.0**10
-    FloatingPoint("e4m1").compress(g, stats, True, 0)
+    FloatingPoint("e4m1", scaling="per_layer_optimal").compress(g, stats, True, 0)
     optimum = (
         fp_theory.optimal_log2_scale(FloatingPoint("e4m1").fmt.positive_values(), sigma2)[0].item() - mu2
     )

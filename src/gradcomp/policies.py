@@ -77,7 +77,8 @@ class Policy:
         return self.compress(g, stats, refresh, seed)
 
     def describe(self) -> str:
-        args = ",".join(f"{f.name}={getattr(self, f.name)}" for f in dataclasses.fields(self) if f.init)
+        values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.init)
+        args = ",".join(f"{key}={value}" for key, value in values if value is not None)  # None: the default
         return f"{self.name}:{args}" if args else self.name
 
 
@@ -316,6 +317,10 @@ def _parse_one(text: str) -> Policy:
     return _build(name.strip(), kwargs)
 
 
+def _type_name(value: Any) -> str:
+    return "None" if value is None else type(value).__name__
+
+
 def _build(name: Any, kwargs: dict[str, Any]) -> Policy:
     if name not in POLICIES:
         raise ValueError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
@@ -324,9 +329,10 @@ def _build(name: Any, kwargs: dict[str, Any]) -> Policy:
     for key, value in kwargs.items():
         if key not in allowed:
             raise ValueError(f"policy {name!r} has no parameter {key!r}; parameters: {sorted(allowed)}")
-        expected = allowed[key].type
-        if expected == "float" and isinstance(value, int) and not isinstance(value, bool):
-            kwargs[key] = float(value)
-        elif expected in ("float", "int", "str") and type(kwargs[key]).__name__ != expected:
+        expected = allowed[key].type  # a string such as "float" or "float | None" (postponed annotations)
+        types = {t.strip() for t in expected.split("|")}
+        if "float" in types and isinstance(value, int) and not isinstance(value, bool):
+            kwargs[key] = value = float(value)
+        if types <= {"float", "int", "str", "None"} and _type_name(value) not in types:
             raise ValueError(f"policy {name!r}: {key} must be {expected}, got {value!r}")
     return cls(**kwargs)

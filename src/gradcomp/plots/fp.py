@@ -158,7 +158,9 @@ def _accuracy_rows(runs: dict[str, Run], baseline: Run | None) -> list[dict]:
 
 
 def _scaling_label(row: dict) -> str:
-    return f"global 2^{row['log2_global_scale']:.0f}" if row["scaling"] == "global" else "per-layer"
+    if row["scaling"] == "global":
+        return f"global 2^{row['log2_global_scale']:.0f}"
+    return {"per_layer_mean": "per-layer mean", "per_layer_optimal": "per-layer min-MSE"}[row["scaling"]]
 
 
 def _baseline_line(ax, baseline: Run | None) -> None:
@@ -223,7 +225,7 @@ def scaling_and_split(inputs: FigureInputs) -> dict:
     ax.legend(fontsize=8)
     ax = axes[0][1]
     splits = sorted(
-        (r for r in rows if r["scaling"] != "global" and r["bits"] == 6), key=lambda r: r["format"]
+        (r for r in rows if r["scaling"] == "per_layer_mean" and r["bits"] == 6), key=lambda r: r["format"]
     )
     sigma2 = float(np.nanmean([r["mean_sigma2"] for r in splits])) if splits else float("nan")
     predicted = (
@@ -250,26 +252,32 @@ def scaling_and_split(inputs: FigureInputs) -> dict:
     return save(inputs, figure, rows, "A6 loss scaling and exponent/mantissa split", headline)
 
 
-def _flushed_shares(stats_run: Run, policy: FloatingPoint) -> list[float]:
-    """Per layer (input to output): the lognormal's predicted share of non-zero gradients that round to
-    zero under `policy` (below half the smallest subnormal after scaling), from the (mu, sigma) measured in
-    `stats_run`. The scale is the policy's: its global scale, or the per-layer MSE-optimal one."""
-    edge = math.log2(policy.fmt.min_subnormal / 2)
+def _log2_scale(policy: FloatingPoint, mu2: float, sigma2: float) -> float:
+    """The power-of-two scale (log2) the policy gives a layer with these log2 statistics."""
+    if policy.scaling == "global":
+        return math.log2(policy.global_scale)
+    if policy.scaling == "per_layer_mean":
+        return round(-mu2 - 3)
     grid = policy.fmt.positive_values()
-    shares = []
+    return round(
+        float(fp_theory.optimal_log2_scale(grid, torch.tensor(sigma2, dtype=torch.float64))[0]) - mu2
+    )
+
+
+def _range_losses(stats_run: Run, policy: FloatingPoint) -> tuple[list[float], list[float]]:
+    """Per layer (input to output): the lognormal's predicted shares of non-zero gradients that `policy`
+    flushes to zero (below half the smallest subnormal after scaling) and clips at its largest value, from
+    the (mu, sigma) measured in `stats_run`."""
+    low, high = math.log2(policy.fmt.min_subnormal / 2), math.log2(policy.fmt.max_value)
+    flushed, clipped = [], []
     for layer in stats_run.summary["layers"].values():
         if not (layer.get("sigma") and math.isfinite(layer["sigma"])):
             continue
         mu2, sigma2 = layer["mu"] / _LN2, layer["sigma"] / _LN2
-        if policy.scaling == "global":
-            log2_scale = math.log2(policy.global_scale)
-        else:
-            log2_scale = (
-                float(fp_theory.optimal_log2_scale(grid, torch.tensor(sigma2, dtype=torch.float64))[0]) - mu2
-            )
-        z = (edge - log2_scale - mu2) / sigma2
-        shares.append(0.5 * math.erfc(-z / math.sqrt(2)))
-    return shares
+        centre = mu2 + _log2_scale(policy, mu2, sigma2)
+        flushed.append(0.5 * math.erfc(-(low - centre) / sigma2 / math.sqrt(2)))
+        clipped.append(0.5 * math.erfc((high - centre) / sigma2 / math.sqrt(2)))
+    return flushed, clipped
 
 
 @experiment(
@@ -277,12 +285,14 @@ def _flushed_shares(stats_run: Run, policy: FloatingPoint) -> list[float]:
     "failure_cases",
     "Where low-precision FP gradients fail, and the fix",
     """(a) Final test accuracy of each failing configuration (red) next to the change that fixes it (green),
-    and fp32 (dashed). Two mechanisms of the lognormal analysis: one global loss scale for layers whose mu2
-    lie many binades apart (fix: per-layer scaling), and too few exponent bits for the gradients' sigma2,
-    so that even the MSE-optimal per-layer scale keeps the high-energy tail and flushes most values to zero
-    (fix: the same bit budget split with more exponent bits, as the theory's optimal split predicts).
-    (b) Why: per layer, the predicted share of non-zero gradients each failing configuration flushes to
-    zero, from the layers' (mu, sigma) measured in the fixing run.""",
+    and fp32 (dashed), for the pairs the config lists. Mechanisms of the lognormal analysis: one global loss
+    scale for layers whose mu2 lie many binades apart, so that some layers clip or flush (fix: per-layer
+    scaling); a per-layer scale chosen for minimum relative MSE, which at large sigma2 keeps the
+    high-energy tail and flushes most values to zero (fix: the mean rule); too few exponent bits for the
+    gradients' sigma2 (fix: the same bit budget split with more exponent bits).
+    (b) Why: per layer, the lognormal's predicted share of non-zero gradients each failing configuration
+    flushes to zero (solid) or clips at the format's largest value (dashed), from the layers' (mu, sigma)
+    measured in the fixing run.""",
 )
 def failure_cases(inputs: FigureInputs) -> dict:
     runs = load_runs(inputs.runs)
@@ -297,12 +307,11 @@ def failure_cases(inputs: FigureInputs) -> dict:
             labels.append(f"{row['format']}\n{_scaling_label(row)}")
             heights.append(row["accuracy"])
             colours.append(colour)
-        shares = _flushed_shares(runs[fixing], runs[failing].policy)
+        flushed, clipped = _range_losses(runs[fixing], runs[failing].policy)
+        label = f"{by_run[failing]['format']}, {_scaling_label(by_run[failing])}"
+        (line,) = axes[0][1].plot(range(len(flushed)), flushed, "o-", label=f"{label}: flushed")
         axes[0][1].plot(
-            range(len(shares)),
-            shares,
-            "o-",
-            label=f"{by_run[failing]['format']}, {_scaling_label(by_run[failing])}",
+            range(len(clipped)), clipped, "s--", color=line.get_color(), label=f"{label}: clipped"
         )
         rows.append(
             {
@@ -311,7 +320,8 @@ def failure_cases(inputs: FigureInputs) -> dict:
                 "fixing_run": fixing,
                 "fixing_accuracy": by_run[fixing]["accuracy"],
                 "recovered_pt": 100 * (by_run[fixing]["accuracy"] - by_run[failing]["accuracy"]),
-                "mean_predicted_flushed_share": float(np.mean(shares)) if shares else None,
+                "mean_predicted_flushed_share": float(np.mean(flushed)) if flushed else None,
+                "mean_predicted_clipped_share": float(np.mean(clipped)) if clipped else None,
                 "measured_sparsity_failing": runs[failing].summary["gradient_sparsity"],
             }
         )
@@ -322,14 +332,22 @@ def failure_cases(inputs: FigureInputs) -> dict:
     ax.set(ylabel="test accuracy", ylim=(0, 1))
     ax.legend(fontsize=8)
     axes[0][1].set(
-        xlabel="layer index (input to output)", ylabel="predicted share flushed to zero", ylim=(-0.02, 1.02)
+        xlabel="layer index (input to output)",
+        ylabel="predicted share of non-zero gradients",
+        ylim=(-0.02, 1.02),
     )
     axes[0][1].legend(fontsize=8)
     headline = {
         "baseline_accuracy": baseline.accuracy if baseline else None,
         "pairs": {
             f"{r['failing_run']} -> {r['fixing_run']}": {
-                k: r[k] for k in ("failing_accuracy", "fixing_accuracy", "mean_predicted_flushed_share")
+                k: r[k]
+                for k in (
+                    "failing_accuracy",
+                    "fixing_accuracy",
+                    "mean_predicted_flushed_share",
+                    "mean_predicted_clipped_share",
+                )
             }
             for r in rows
         },
