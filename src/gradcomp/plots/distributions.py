@@ -160,6 +160,13 @@ def goodness_of_fit(inputs: FigureInputs) -> dict:
             for kind in ("gradient", "weight", "activation")
         },
     }
+    if "lognormal" in mean_d and order[0] != "lognormal":
+        inputs.notes.append(
+            f"{order[0]} fits these gradients slightly better than the lognormal on average (mean D "
+            f"{mean_d[order[0]]:.3f} against {mean_d['lognormal']:.3f}; best in {best.count(order[0])} of "
+            f"{len(best)} layers), and both fit far better than the linear-scale families (worst: "
+            f"{order[-1]}, D {mean_d[order[-1]]:.3f}): 'near-lognormal', close to Gaussian in log space."
+        )
     return save(inputs, figure, rows, "A2 goodness of fit (KS statistic)", headline)
 
 
