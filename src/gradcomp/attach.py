@@ -118,7 +118,7 @@ class Attachment:
             out = self.policy.compress(g, layer.stats, layer.refresh, self._seed(layer, 0))
         if count:
             layer.refresh = False
-            zeros = (out == 0).sum()
+            zeros = out.numel() - torch.count_nonzero(out)  # NaN counts as non-zero; a bool sum is slower
             layer.zeros = zeros if layer.zeros is None else layer.zeros + zeros
             layer.numel += out.numel()
         return out

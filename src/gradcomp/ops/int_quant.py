@@ -74,8 +74,8 @@ def _quantize_rows(rows: Tensor, levels: int, seed: int, triton: bool) -> Tensor
         return stochastic_affine_triton(rows, zero, scale, inv_scale, levels, seed)
     codes = ((rows - zero[:, None]) * scale[:, None]).clamp_(0, levels)
     whole = torch.floor(codes)
-    random = uniform24(random_bits(seed, rows.numel(), rows.device)).view(rows.shape)
-    up = random < (codes - whole) * 2.0**24
+    random = uniform24(random_bits(seed, rows.numel(), rows.device)).view(rows.shape).to(rows.dtype)  # exact
+    up = torch.lt(random, (codes - whole) * 2.0**24, out=random)  # 0.0 / 1.0: bool tensors are slow on CPUs
     return (whole + up) * inv_scale[:, None] + zero[:, None]
 
 

@@ -46,12 +46,21 @@ def stochastic_prune(
 
         return stochastic_prune_triton(x, alpha_t, keep_scale, seed)
 
+    # Masks are 0.0/1.0 floats and the select is arithmetic: boolean tensors and torch.where are several
+    # times slower on CPUs. One side of the final sum is a signed zero (or the same NaN), so it is exact and
+    # keeps zero signs and NaN payloads. keep_scale is 0 for alpha = 0 and magnitudes are capped at alpha
+    # before scaling, so no 0 * inf makes a NaN.
+    safe_keep_scale = keep_scale.nan_to_num(posinf=0.0)
+
     def prune_chunk(chunk: Tensor, offset: int) -> Tensor:
         values = chunk.to(layout.float_dtype)
         magnitude = values.abs()
-        keep = uniform24(random_bits(seed, values.numel(), x.device, offset)) < magnitude * keep_scale
-        promoted = torch.copysign(keep * alpha_t, values)
-        return torch.where(magnitude < alpha_t, promoted, values)
+        random = uniform24(random_bits(seed, values.numel(), x.device, offset)).to(layout.float_dtype)
+        # random < magnitude * 2^24 / alpha  <=>  random < ceil(...): both integers, so keep is exactly 0 or 1
+        keep = torch.ceil(torch.minimum(magnitude, alpha_t) * safe_keep_scale).sub_(random).clamp_(0, 1)
+        promoted = torch.copysign(keep.mul_(alpha_t), values)
+        small = torch.lt(magnitude, alpha_t, out=random)
+        return promoted.mul_(small).add_(values * small.neg_().add_(1))
 
     return map_chunks(x, prune_chunk)
 
