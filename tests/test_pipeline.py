@@ -185,3 +185,7 @@ def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
     assert report.returncode == 0, report.stdout[-4000:] + report.stderr[-4000:]
     html = (work / "report.html").read_text(errors="replace")
     assert registry["A7"].title in html
+    # a fresh clone has the committed figures but no runs: the runs are trained again, not skipped
+    shutil.rmtree(work / "results")
+    again = _snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=work)
+    assert again.returncode == 0 and "train" in again.stdout, again.stdout[-4000:] + again.stderr[-4000:]
