@@ -18,7 +18,6 @@ $(STAMP): requirements.txt pyproject.toml
 
 run: $(STAMP) data
 	snakemake --cores $(CORES) --configfile config/default.yaml
-	mkdir -p results/default
 	snakemake --configfile config/default.yaml --report results/default/report.html
 
 # Fashion-MNIST from the Debian package when it is missing and apt can install it; otherwise gradcomp falls

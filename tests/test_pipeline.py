@@ -11,7 +11,7 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from gradcomp.cli import main
-from gradcomp.pipeline import check_config, experiment_runs, run_spec
+from gradcomp.pipeline import check_config, experiment_runs, figure_files, run_spec
 from gradcomp.plots import experiments
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -149,16 +149,10 @@ def test_theory_verb_writes_both_tables(tmp_path):
     assert len(list(csv.DictReader(mse.open()))) == 4  # E = 0..3 at one sigma
 
 
-def _expected_figure_files(config: dict) -> list[str]:
-    registry = experiments()
-    expected = [name for exp in config["experiments"] for name in registry[exp].outputs()]
-    return [*expected, "SUMMARY.md", "A4_switch_points.csv", "A7_synthetic_sparsity.csv"]
-
-
 def test_the_committed_default_figures_are_complete():
     """The README points readers at figures/default: every file the default config produces is there."""
     figures = ROOT / "figures" / "default"
-    missing = [name for name in _expected_figure_files(_default_config()) if not (figures / name).is_file()]
+    missing = [name for name in figure_files(_default_config()) if not (figures / name).is_file()]
     assert not missing, f"figures/default lacks {missing}: run `make run` and commit figures/default"
 
 
@@ -174,7 +168,7 @@ def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     config = yaml.safe_load((work / config_path).read_text())
     registry = experiments()
-    expected = _expected_figure_files(config)
+    expected = figure_files(config)
     figures = work / "figures" / "tiny"
     missing = [name for name in expected if not (figures / name).is_file()]
     assert not missing

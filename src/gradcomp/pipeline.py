@@ -10,6 +10,7 @@ import dataclasses
 from collections.abc import Mapping
 from typing import Any
 
+from gradcomp.plots import experiments
 from gradcomp.policies import parse_policy
 from gradcomp.train import TrainConfig
 
@@ -25,6 +26,14 @@ def experiment_runs(config: Mapping[str, Any], experiment: str) -> list[str]:
     section = config["experiments"].get(experiment, {})
     names = section.get("runs", [section["run"]] if "run" in section else [])
     return list(config["runs"]) if names == "all" else list(names)
+
+
+def figure_files(config: Mapping[str, Any]) -> list[str]:
+    """Names of the files the pipeline writes into figures/<config name>/: each experiment's figure, table
+    and headline files, the summary, and the tables of the theory and synthetic-sparsity rules."""
+    registry = experiments()
+    names = [name for experiment in config["experiments"] for name in registry[experiment].outputs()]
+    return [*names, "SUMMARY.md", "A4_switch_points.csv", "A7_synthetic_sparsity.csv"]
 
 
 def check_config(config: Mapping[str, Any]) -> None:

@@ -191,14 +191,18 @@ class FloatingPoint(Policy):
         if self.scaling == "global":
             return torch.tensor(self.global_scale, device=g.device)
         _refresh_log_stats(g, stats)
-        mu2, sigma2 = stats.mu / _LN2, stats.sigma / _LN2
+        return torch.exp2(self.layer_log2_scale(stats.mu / _LN2, stats.sigma / _LN2)).float()
+
+    def layer_log2_scale(self, mu2: Tensor, sigma2: Tensor) -> Tensor:
+        """log2 of the per-layer power-of-two scale for a layer whose log2|g| has mean mu2 and std sigma2
+        (0-d tensors, on their device); what `compress` uses, and what analyses predict from."""
         if self.scaling == "per_layer_mean":
             log2_scale = -mu2 - 3
         else:
-            sigmas, offsets = (t.to(g.device) for t in _optimal_scale_table(self._fmt))
+            sigmas, offsets = (t.to(mu2.device) for t in _optimal_scale_table(self._fmt))
             log2_scale = _interpolate(sigma2.clamp(sigmas[0], sigmas[-1]), sigmas, offsets) - mu2
         log2_scale = torch.nan_to_num(log2_scale, nan=0.0).clamp(-120, 120)  # an all-zero gradient: any scale
-        return torch.exp2(torch.round(log2_scale)).float()
+        return torch.round(log2_scale)
 
 
 @functools.lru_cache(maxsize=64)

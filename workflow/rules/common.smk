@@ -4,7 +4,7 @@ import shlex
 
 from snakemake.utils import validate
 
-from gradcomp.pipeline import check_config, experiment_runs, run_spec
+from gradcomp.pipeline import check_config, experiment_runs, figure_files, run_spec
 from gradcomp.plots import experiments
 
 validate(config, "../schemas/config.schema.yaml")
@@ -61,17 +61,6 @@ def figure_runs(wildcards):
 def all_outputs():
     # The run summaries are targets too: the figures of the default config are committed, and without the
     # runs among the targets a fresh clone would count those figures as up to date and train nothing.
-    chosen = [EXPERIMENTS[exp] for exp in config["experiments"]]
-    return (
-        [f"{run_folder(run)}/summary.json" for run in config["runs"]]
-        + [
-            f"{FIGURES}/{name}"
-            for experiment in chosen
-            for name in experiment.outputs()
-        ]
-        + [
-            f"{FIGURES}/SUMMARY.md",
-            f"{FIGURES}/A4_switch_points.csv",
-            f"{FIGURES}/A7_synthetic_sparsity.csv",
-        ]
-    )
+    return [f"{run_folder(run)}/summary.json" for run in config["runs"]] + [
+        f"{FIGURES}/{name}" for name in figure_files(config)
+    ]

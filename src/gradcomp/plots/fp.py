@@ -253,15 +253,11 @@ def scaling_and_split(inputs: FigureInputs) -> dict:
 
 
 def _log2_scale(policy: FloatingPoint, mu2: float, sigma2: float) -> float:
-    """The power-of-two scale (log2) the policy gives a layer with these log2 statistics."""
+    """The scale (log2) the policy gives a layer with these log2 statistics."""
     if policy.scaling == "global":
         return math.log2(policy.global_scale)
-    if policy.scaling == "per_layer_mean":
-        return round(-mu2 - 3)
-    grid = policy.fmt.positive_values()
-    return round(
-        float(fp_theory.optimal_log2_scale(grid, torch.tensor(sigma2, dtype=torch.float64))[0]) - mu2
-    )
+    mu2_t, sigma2_t = (torch.tensor(value, dtype=torch.float64) for value in (mu2, sigma2))
+    return float(policy.layer_log2_scale(mu2_t, sigma2_t))
 
 
 def _range_losses(stats_run: Run, policy: FloatingPoint) -> tuple[list[float], list[float]]:
