@@ -30,7 +30,7 @@ def save(inputs: FigureInputs, figure, rows: Sequence[dict], title: str, headlin
     figure.tight_layout()
     inputs.out_dir.mkdir(parents=True, exist_ok=True)
     figure.savefig(inputs.path("png"), dpi=150)
-    figure.savefig(inputs.path("pdf"))
+    figure.savefig(inputs.path("pdf"), metadata={"CreationDate": None})  # no timestamp: reruns are equal
     plt.close(figure)
     write_table(rows, inputs.path("csv"), title)
     record = {"title": title, "headline": headline, "notes": inputs.notes}
