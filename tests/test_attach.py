@@ -1,8 +1,10 @@
+import math
+
 import pytest
 import torch
 from torch import nn
 
-from gradcomp.attach import Schedule, attach, select_layers
+from gradcomp.attach import Schedule, _count_zeros, attach, select_layers
 from gradcomp.models import create_model
 
 
@@ -163,3 +165,11 @@ def test_state_dict_round_trip():
     assert other.sparsity() == handle.sparsity()
     summary = handle.layer_summary()[""]
     assert summary["threshold"] > 0 and summary["scale"] > 0 and 0.7 < summary["sparsity"] < 0.9
+
+
+def test_zero_counts_are_exact_beyond_float32_integers():
+    x = torch.zeros((1 << 24) + 3)
+    x[:2] = torch.tensor([math.nan, 1.0])  # NaN is not a zero
+    assert _count_zeros(x).item() == (1 << 24) + 1  # a float32 sum would round to 2^24
+    assert _count_zeros(torch.tensor([0.0, -0.0, 2.0], dtype=torch.bfloat16)).item() == 2
+    assert _count_zeros(torch.empty(0)).item() == 0

@@ -127,3 +127,24 @@ def test_threshold_solver_reaches_float64_precision_over_a_wide_range():
     target = torch.tensor([1e-5, 1e-3, 0.1, 0.5, 0.85, 0.99, 0.99999], dtype=torch.float64)[None, :]
     alpha_n = lognormal.normalized_threshold(sigma, target)
     assert (lognormal.expected_sparsity(torch.log(alpha_n), sigma) - target).abs().max() < 1e-12
+
+
+def test_float_solver_is_the_tensor_solver():
+    sigma = torch.linspace(0.0, 20, 41, dtype=torch.float64)[:, None]
+    target = torch.tensor([1e-12, 1e-3, 0.5, 0.85, 0.99, 1 - 1e-9], dtype=torch.float64)[None, :]
+    batched = lognormal.normalized_threshold(sigma, target)
+    one_by_one = [
+        [lognormal.normalized_threshold_float(s, t) for t in target[0].tolist()] for s in sigma[:, 0].tolist()
+    ]
+    one_by_one = torch.tensor(one_by_one, dtype=torch.float64)
+    sigma = sigma.clamp_min(lognormal.MIN_SIGMA)
+    residual = lognormal.expected_sparsity(torch.log(one_by_one), sigma) - target
+    assert residual.abs().max() < 1e-12
+    # the same root where it is well conditioned (at extreme sparsities S hardly moves with alpha)
+    torch.testing.assert_close(one_by_one[:, 1:-1], batched[:, 1:-1], rtol=1e-10, atol=0)
+    moments = [3.0, 3.0, 5.0, 2.0]
+    mu, sigma_fit = lognormal.fit_lognormal(torch.tensor(moments, dtype=torch.float64))
+    assert lognormal.fit_lognormal_float(moments) == pytest.approx((mu.item(), sigma_fit.item()), rel=1e-15)
+    for bad_sigma, bad_sparsity in ((math.nan, 0.5), (1.0, 1.0), (1.0, -0.1)):
+        with pytest.raises(ValueError, match="sigma"):
+            lognormal.normalized_threshold_float(bad_sigma, bad_sparsity)

@@ -132,6 +132,25 @@ def test_batched_thresholds_from_moments():
     torch.testing.assert_close(batched, single, rtol=1e-6, atol=0)
 
 
+@pytest.mark.parametrize(
+    "moments",
+    [
+        [4096.0, -30000.0, 250000.0, 0.0],  # an ordinary layer
+        [1000.0, -8000.0, 64000.0, 3096.0],  # mostly zeros already, still something to prune
+        [100.0, -800.0, 6400.0, 3996.0],  # zeros beyond the target: no pruning
+        [1.0, -5.0, 25.0, 4095.0],  # one non-zero
+        [2000.0, -4000.0, 8000.0, 0.0],  # sigma 0: all magnitudes equal
+        [0.0, 0.0, 0.0, 4096.0],  # no non-zero at all
+        [0.0, 0.0, 0.0, 0.0],  # nothing finite
+    ],
+)
+def test_one_layer_threshold_on_the_cpu_is_the_batched_one(moments):
+    one = lognormal_threshold_from_moments(torch.tensor(moments, dtype=torch.float64), 4096, 0.85)
+    batched = lognormal_threshold_from_moments(torch.tensor([moments], dtype=torch.float64), 4096, 0.85)
+    assert one.shape == () and one.dtype == torch.float64
+    torch.testing.assert_close(one, batched[0], rtol=1e-12, atol=0)
+
+
 def test_log_moments_counts_and_sums():
     x = torch.tensor([0.0, -0.0, math.e, -1.0, math.nan, math.inf, math.exp(2)])
     moments = log_moments(x)

@@ -11,12 +11,15 @@ The same function is computed by the torch ops (here) and inside every Triton ke
 
 from __future__ import annotations
 
+import functools
+
 import torch
 from torch import Tensor
 
 MASK32 = 0xFFFFFFFF
 MIX1, MIX2 = 0x7FEB352D, 0x846CA68B
 _CHUNK = 1 << 32  # elements sharing the high word of the counter
+_SHORT = 1 << 18  # requests up to this size (the chunks of gradcomp.ops) start from a cached counter
 
 
 def mix32(x: int) -> int:
@@ -69,6 +72,13 @@ def _mix32_(x: Tensor) -> Tensor:
     return x
 
 
+@functools.cache
+def _short_counter(device: torch.device) -> Tensor:
+    """0, 1, ..., _SHORT - 1 as int32: the counters of a chunk are this plus a constant (one pass instead
+    of an arange, which is several times slower than an addition on CPUs)."""
+    return torch.arange(_SHORT, dtype=torch.int32, device=device)
+
+
 def random_bits(seed: int, numel: int, device: torch.device | str = "cpu", start: int = 0) -> Tensor:
     """bits(seed, i) for i in [start, start + numel), as an int32 tensor holding the uint32 bit patterns."""
     k0, k1 = seed_keys(seed)
@@ -78,11 +88,11 @@ def random_bits(seed: int, numel: int, device: torch.device | str = "cpu", start
         piece_end = min(end, (position // _CHUNK + 1) * _CHUNK)
         low = position % _CHUNK
         count = piece_end - position
-        if low + count <= 1 << 31:
-            counter = torch.arange(low, low + count, dtype=torch.int32, device=device)
-        else:  # counters above 2^31 wrap to negative int32, which is the bit pattern we want
+        if count <= _SHORT:  # int32 sums wrap mod 2^32, which is the bit pattern we want
+            counter = _short_counter(torch.device(device))[:count] + as_int32((low + k0) & MASK32)
+        else:  # counters above 2^31 wrap to negative int32, as above
             counter = torch.arange(low, low + count, dtype=torch.int64, device=device).to(torch.int32)
-        counter += as_int32(k0)
+            counter += as_int32(k0)
         counter ^= as_int32(mix32((position >> 32) ^ k1))
         pieces.append(_mix32_(counter))
         position = piece_end

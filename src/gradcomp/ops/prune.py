@@ -26,8 +26,9 @@ def stochastic_prune(
 
     Unbiased (E[out] = x): alpha is first rounded to x's dtype so that the promoted values are exactly
     representable, and the keep decision compares |x| * 2^24/alpha with 24 random bits (float32 precision).
-    alpha must be finite and >= 0 (a Python number is checked; alpha = 0 prunes nothing). Exact zeros stay
-    zero; NaN and +-Inf pass through. Random bits come from (seed, element index).
+    alpha must be finite and >= 0 (a Python number is checked; alpha = 0 prunes nothing) and, for that
+    precision, at least 2^24 / (largest float32), about 1e-31 (below it every small value is promoted).
+    Exact zeros stay zero; NaN and +-Inf pass through. Random bits come from (seed, element index).
     """
     check_float(x, "stochastic_prune")
     if not isinstance(alpha, Tensor):
@@ -37,7 +38,8 @@ def stochastic_prune(
         raise ValueError(f"alpha must be a number or a one-element tensor, got shape {tuple(alpha.shape)}")
     layout = compute_layout(x.dtype)
     alpha_t = torch.as_tensor(alpha, device=x.device).reshape(()).to(x.dtype).to(layout.float_dtype)
-    keep_scale = 2.0**24 / alpha_t
+    # rounded up, so that |x| >= alpha gives |x| * keep_scale >= 2^24 > every 24-bit draw: kept as is
+    keep_scale = torch.nextafter(2.0**24 / alpha_t, alpha_t.new_tensor(math.inf))
     seed = resolve_seed(seed)
     if x.numel() == 0:
         return x.clone()
@@ -46,21 +48,20 @@ def stochastic_prune(
 
         return stochastic_prune_triton(x, alpha_t, keep_scale, seed)
 
-    # Masks are 0.0/1.0 floats and the select is arithmetic: boolean tensors and torch.where are several
-    # times slower on CPUs. One side of the final sum is a signed zero (or the same NaN), so it is exact and
-    # keeps zero signs and NaN payloads. keep_scale is 0 for alpha = 0 and magnitudes are capped at alpha
-    # before scaling, so no 0 * inf makes a NaN.
-    safe_keep_scale = keep_scale.nan_to_num(posinf=0.0)
-
+    # One formula for both sides of alpha, copysign(keep * max(|x|, alpha), x), with keep a 0.0/1.0 float
+    # (boolean tensors and torch.where are several times slower on CPUs): keep is 1 wherever |x| >= alpha,
+    # and for Inf; exact zeros keep their sign. alpha = 0 makes keep_scale infinite: everything non-zero is
+    # kept, and 0 * inf = NaN gives keep 0 at the zeros. NaN comes out as some NaN; a chunk whose sum is
+    # not finite gets its NaNs back bit for bit.
     def prune_chunk(chunk: Tensor, offset: int) -> Tensor:
         values = chunk.to(layout.float_dtype)
         magnitude = values.abs()
         random = uniform24(random_bits(seed, values.numel(), x.device, offset)).to(layout.float_dtype)
-        # random < magnitude * 2^24 / alpha  <=>  random < ceil(...): both integers, so keep is exactly 0 or 1
-        keep = torch.ceil(torch.minimum(magnitude, alpha_t) * safe_keep_scale).sub_(random).clamp_(0, 1)
-        promoted = torch.copysign(keep.mul_(alpha_t), values)
-        small = torch.lt(magnitude, alpha_t, out=random)
-        return promoted.mul_(small).add_(values * small.neg_().add_(1))
+        keep = torch.gt(magnitude * keep_scale, random, out=random)
+        out = torch.copysign(keep.mul_(magnitude.clamp_min_(alpha_t)), values, out=keep)
+        if not torch.isfinite(out.sum()):
+            out = torch.where(torch.isnan(values), values, out)
+        return out
 
     return map_chunks(x, prune_chunk)
 
@@ -98,11 +99,27 @@ def lognormal_threshold(x: Tensor, sparsity: float, backend: Backend = "auto") -
 def lognormal_threshold_from_moments(moments: Tensor, numel: int | Tensor, sparsity: float) -> Tensor:
     """Batched form: moments [..., 4] from `log_moments`, one threshold per leading index (float64)."""
     _check_sparsity(sparsity)
+    if moments.shape == (4,) and moments.device.type == "cpu" and not isinstance(numel, Tensor):
+        return torch.tensor(_threshold_of_one_layer(moments.tolist(), numel, sparsity), dtype=torch.float64)
     target = _prunable_target(numel, moments[..., 0], moments[..., 3], sparsity)
     mu, sigma = lognormal.fit_lognormal(moments)
     alpha_n = lognormal.normalized_threshold(sigma, target.clamp(1e-12, 1 - 1e-9))
     alpha = alpha_n * torch.exp(mu)
     return torch.where((target > 0) & torch.isfinite(alpha), alpha, 0.0)
+
+
+def _threshold_of_one_layer(moments: list[float], numel: int, sparsity: float) -> float:
+    """`lognormal_threshold_from_moments` of one layer in Python floats (a CPU layer's threshold would
+    otherwise cost a hundred tiny tensor operations)."""
+    count, _, _, zeros = moments
+    target = _prunable_target(numel, count, zeros, sparsity) if count else 0.0
+    if not target > 0:
+        return 0.0
+    mu, sigma = lognormal.fit_lognormal_float(moments)
+    if not (math.isfinite(mu) and math.isfinite(sigma)):
+        return 0.0
+    alpha = lognormal.normalized_threshold_float(sigma, min(max(target, 1e-12), 1 - 1e-9)) * math.exp(mu)
+    return alpha if math.isfinite(alpha) else 0.0
 
 
 def _prunable(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
