@@ -6,6 +6,9 @@ import os
 import torch
 
 os.environ.setdefault("TRITON_INTERPRET", "0" if torch.cuda.is_available() else "1")
+# The torch implementation is the oracle, so the suite runs it eagerly; tests/test_compiled.py checks the
+# compiled CPU path against it (and subprocesses, e.g. the pipeline's, inherit the setting).
+os.environ.setdefault("GRADCOMP_COMPILE", "0")
 
 import pytest
 

@@ -6,7 +6,17 @@ import triton
 import triton.language as tl
 
 from gradcomp.kernels.rng import random_uint32
-from gradcomp.rng import MASK32, as_int32, mix32, random_bits, resolve_seed, seed_keys, uniform24
+from gradcomp.rng import (
+    MASK32,
+    as_int32,
+    chunk_counter,
+    hash_counter,
+    mix32,
+    random_bits,
+    resolve_seed,
+    seed_keys,
+    uniform24,
+)
 
 
 @triton.jit
@@ -71,3 +81,22 @@ def test_seed_resolution():
 
 def test_empty_bits():
     assert random_bits(0, 0).numel() == 0
+
+
+@pytest.mark.parametrize("start", [(1 << 31) - 5, (1 << 32) - 300_000, (1 << 33) + 11])
+@pytest.mark.parametrize("numel", [1000, 400_000])  # one short piece, or a long one
+def test_torch_bits_at_large_offsets_match_the_scalar_definition(start, numel):
+    k0, k1 = seed_keys(9)
+    bits = random_bits(9, numel, start=start)
+    for i in (0, 1, numel // 2, numel - 1):
+        position = start + i
+        low, high = position & MASK32, position >> 32
+        assert bits[i].item() == as_int32(mix32((low + k0) & MASK32 ^ mix32(high ^ k1))), i
+
+
+def test_chunk_counters_stay_inside_one_block():
+    with pytest.raises(ValueError, match="chunk"):
+        chunk_counter(0, 10, "cpu", start=(1 << 32) - 5)
+    with pytest.raises(ValueError, match="chunk"):
+        chunk_counter(0, (1 << 18) + 1, "cpu")
+    assert torch.equal(hash_counter(*chunk_counter(4, 100, "cpu", start=50)), random_bits(4, 150)[50:])

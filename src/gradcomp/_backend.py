@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import warnings
 from dataclasses import dataclass
 from typing import Literal
 
@@ -93,3 +94,42 @@ FLOAT64 = FloatLayout(torch.float64, torch.int64, 52, 1023)
 def compute_layout(dtype: torch.dtype) -> FloatLayout:
     """float64 computes in float64; every other float dtype converts exactly to float32."""
     return FLOAT64 if dtype == torch.float64 else FLOAT32
+
+
+COMPILE_ENV = "GRADCOMP_COMPILE"
+
+
+def compile_enabled() -> bool:
+    """Whether CPU chunk functions run compiled: on unless GRADCOMP_COMPILE is 0 (read at every call)."""
+    return os.environ.get(COMPILE_ENV, "1") not in ("", "0")
+
+
+class CpuCompiled:
+    """A chunk function of an op's torch implementation that runs, on CPU tensors, as compiled by
+    `torch.compile` (inductor's C++ code: one fused loop instead of a dozen passes over memory, which is what
+    makes every-step compression cheap on CPUs). It is the same function: the eager call is its oracle and
+    the fallback, used where GRADCOMP_COMPILE=0, for other devices, and after compiling fails once (e.g. no
+    C++ compiler), with a warning that says why."""
+
+    def __init__(self, fn) -> None:
+        self.fn = fn
+        self.compiled = None  # compiled at the first call that needs it (importing dynamo takes seconds)
+        self.failed = False
+        functools.update_wrapper(self, fn)
+
+    def __call__(self, first: Tensor, *args):
+        if self.failed or first.device.type != "cpu" or not compile_enabled():
+            return self.fn(first, *args)
+        try:
+            if self.compiled is None:
+                self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
+            return self.compiled(first, *args)
+        except Exception as error:  # a compiler that is missing or fails: same results, eagerly
+            self.failed = True
+            warnings.warn(
+                f"gradcomp: compiling {self.fn.__qualname__} for the CPU failed ({type(error).__name__}: "
+                f"{error}); it runs eagerly (same results, slower). Set {COMPILE_ENV}=0 to skip compiling.",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+            return self.fn(first, *args)

@@ -12,6 +12,7 @@ The same function is computed by the torch ops (here) and inside every Triton ke
 from __future__ import annotations
 
 import functools
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -79,6 +80,39 @@ def _short_counter(device: torch.device) -> Tensor:
     return torch.arange(_SHORT, dtype=torch.int32, device=device)
 
 
+def _keys_at(k0: int, k1: int, position: int) -> tuple[int, int]:
+    """(first, high) as int32: bits(position + j) = mix32(((j + first) mod 2^32) ^ high) while the high word
+    of position + j stays the same."""
+    return as_int32(((position % _CHUNK) + k0) & MASK32), as_int32(mix32((position >> 32) ^ k1))
+
+
+class ChunkCounter(NamedTuple):
+    """The counters of `numel` elements from `start`, as tensors only (so that a compiled chunk function
+    takes every seed and offset without recompiling): bits = hash_counter(base, first, high)."""
+
+    base: Tensor  # 0, 1, ..., numel - 1 (int32)
+    first: Tensor  # 0-d int32
+    high: Tensor  # 0-d int32
+
+
+def chunk_counter(seed: int, numel: int, device: torch.device | str, start: int = 0) -> ChunkCounter:
+    """Counters of a chunk of at most 2^18 elements that does not cross a multiple of 2^32 (the chunks of
+    `gradcomp.ops` never do)."""
+    if numel > _SHORT or (numel and start // _CHUNK != (start + numel - 1) // _CHUNK):
+        raise ValueError(f"a chunk is at most {_SHORT} elements in one 2^32 block, got {numel} at {start}")
+    device = torch.device(device)
+    first, high = _keys_at(*seed_keys(seed), start)
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+    return ChunkCounter(_short_counter(device)[:numel], as_tensor(first), as_tensor(high))
+
+
+def hash_counter(base: Tensor, first: Tensor, high: Tensor) -> Tensor:
+    """The random bits of a `ChunkCounter` (int32 sums wrap mod 2^32, which is the bit pattern we want)."""
+    counter = base + first
+    counter ^= high
+    return _mix32_(counter)
+
+
 def random_bits(seed: int, numel: int, device: torch.device | str = "cpu", start: int = 0) -> Tensor:
     """bits(seed, i) for i in [start, start + numel), as an int32 tensor holding the uint32 bit patterns."""
     k0, k1 = seed_keys(seed)
@@ -86,15 +120,15 @@ def random_bits(seed: int, numel: int, device: torch.device | str = "cpu", start
     position, end = start, start + numel
     while position < end:  # pieces that share the high word of the counter
         piece_end = min(end, (position // _CHUNK + 1) * _CHUNK)
-        low = position % _CHUNK
         count = piece_end - position
-        if count <= _SHORT:  # int32 sums wrap mod 2^32, which is the bit pattern we want
-            counter = _short_counter(torch.device(device))[:count] + as_int32((low + k0) & MASK32)
-        else:  # counters above 2^31 wrap to negative int32, as above
+        if count <= _SHORT:
+            pieces.append(hash_counter(*chunk_counter(seed, count, device, position)))
+        else:  # counters above 2^31 wrap to negative int32, the bit pattern we want
+            low = position % _CHUNK
             counter = torch.arange(low, low + count, dtype=torch.int64, device=device).to(torch.int32)
             counter += as_int32(k0)
-        counter ^= as_int32(mix32((position >> 32) ^ k1))
-        pieces.append(_mix32_(counter))
+            counter ^= _keys_at(k0, k1, position)[1]
+            pieces.append(_mix32_(counter))
         position = piece_end
     if not pieces:
         return torch.empty(0, dtype=torch.int32, device=device)

@@ -13,10 +13,10 @@ import torch
 from torch import Tensor
 
 from gradcomp import lognormal
-from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.stats import log_moments
-from gradcomp.rng import random_bits, resolve_seed, uniform24
+from gradcomp.rng import chunk_counter, hash_counter, resolve_seed, uniform24
 
 
 def stochastic_prune(
@@ -48,22 +48,31 @@ def stochastic_prune(
 
         return stochastic_prune_triton(x, alpha_t, keep_scale, seed)
 
-    # One formula for both sides of alpha, copysign(keep * max(|x|, alpha), x), with keep a 0.0/1.0 float
-    # (boolean tensors and torch.where are several times slower on CPUs): keep is 1 wherever |x| >= alpha,
-    # and for Inf; exact zeros keep their sign. alpha = 0 makes keep_scale infinite: everything non-zero is
-    # kept, and 0 * inf = NaN gives keep 0 at the zeros. NaN comes out as some NaN; a chunk whose sum is
-    # not finite gets its NaNs back bit for bit.
     def prune_chunk(chunk: Tensor, offset: int) -> Tensor:
-        values = chunk.to(layout.float_dtype)
-        magnitude = values.abs()
-        random = uniform24(random_bits(seed, values.numel(), x.device, offset)).to(layout.float_dtype)
-        keep = torch.gt(magnitude * keep_scale, random, out=random)
-        out = torch.copysign(keep.mul_(magnitude.clamp_min_(alpha_t)), values, out=keep)
-        if not torch.isfinite(out.sum()):
-            out = torch.where(torch.isnan(values), values, out)
+        out = _prune_chunk(chunk, alpha_t, keep_scale, *chunk_counter(seed, chunk.numel(), x.device, offset))
+        if not torch.isfinite(out.sum()):  # NaN comes out as some NaN: give back the input's bits
+            out = torch.where(torch.isnan(chunk), chunk.to(out.dtype), out)
         return out
 
     return map_chunks(x, prune_chunk)
+
+
+@CpuCompiled
+def _prune_chunk(
+    chunk: Tensor, alpha: Tensor, keep_scale: Tensor, base: Tensor, first: Tensor, high: Tensor
+) -> Tensor:
+    """The torch implementation on one chunk, in the compute dtype of alpha.
+
+    One formula for both sides of alpha, copysign(keep * max(|x|, alpha), x), with keep a 0.0/1.0 float
+    (boolean tensors and torch.where are several times slower on CPUs): keep is 1 wherever |x| >= alpha,
+    and for Inf; exact zeros keep their sign. alpha = 0 makes keep_scale infinite: everything non-zero is
+    kept, and 0 * inf = NaN gives keep 0 at the zeros. NaN stays NaN, with some payload.
+    """
+    values = chunk.to(alpha.dtype)
+    magnitude = values.abs()
+    random = uniform24(hash_counter(base, first, high)).to(alpha.dtype)
+    keep = torch.gt(magnitude * keep_scale, random, out=random)
+    return torch.copysign(keep.mul_(magnitude.clamp_min_(alpha)), values, out=keep)
 
 
 def _prunable_target(numel: int, count_nonzero: Tensor, count_zero: Tensor, sparsity: float) -> Tensor:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
 from gradcomp.ops._chunked import sum_chunks
 
 MOMENT_FIELDS = ("count_nonzero", "sum_log", "sum_log_sq", "count_zero")
@@ -24,19 +24,29 @@ def log_moments(x: Tensor, backend: Backend = "auto") -> Tensor:
         from gradcomp.kernels.stats import log_moments_triton
 
         return log_moments_triton(x)
-    float_dtype = compute_layout(x.dtype).float_dtype
 
     def chunk_moments(chunk: Tensor) -> tuple[Tensor, ...]:
-        magnitude = chunk.to(float_dtype).abs()
-        zero = torch.eq(magnitude, 0, out=torch.empty_like(magnitude))  # 1.0 at zeros (bool math is slow)
-        log_abs = torch.log(magnitude + zero)  # zeros become ln 1 = 0 (and avoid the slow -inf path)
-        sum_log, sum_log_sq = log_abs.sum(), torch.dot(log_abs, log_abs)
-        zeros = zero.sum()
-        if not torch.isfinite(sum_log_sq):  # NaN or Inf in this chunk: leave them out
-            finite = torch.isfinite(log_abs)
-            log_abs = torch.where(finite, log_abs, 0.0)
-            sum_log, sum_log_sq = log_abs.sum(), torch.dot(log_abs, log_abs)
-            return finite.sum() - zeros, sum_log, sum_log_sq, zeros
-        return magnitude.numel() - zeros, sum_log, sum_log_sq, zeros
+        zeros, sum_log, sum_log_sq = _log_sums(chunk)
+        if torch.isfinite(sum_log_sq):
+            return chunk.numel() - zeros, sum_log, sum_log_sq, zeros
+        log_abs, zero = _log_magnitudes(chunk)  # NaN or Inf in this chunk: leave them out
+        finite = torch.isfinite(log_abs)
+        log_abs = torch.where(finite, log_abs, 0.0)
+        return finite.sum() - zero.sum(), log_abs.sum(), torch.dot(log_abs, log_abs), zero.sum()
 
     return sum_chunks(x, chunk_moments)
+
+
+def _log_magnitudes(chunk: Tensor) -> tuple[Tensor, Tensor]:
+    """(ln|x| with ln|0| taken as 0, 1.0 at the zeros) in the compute dtype (bool math is slow on CPUs; the
+    -inf of ln 0 too). In place where possible: fresh buffers cost page faults."""
+    magnitude = chunk.to(compute_layout(chunk.dtype).float_dtype).abs()
+    zero = torch.eq(magnitude, 0, out=torch.empty_like(magnitude))
+    return magnitude.add_(zero).log_(), zero
+
+
+@CpuCompiled
+def _log_sums(chunk: Tensor) -> Tensor:
+    """(count of zeros, sum ln|x|, sum ln^2|x|) of one chunk, zeros left out of the sums."""
+    log_abs, zero = _log_magnitudes(chunk)
+    return torch.stack([zero.sum(), log_abs.sum(), torch.dot(log_abs, log_abs)])
