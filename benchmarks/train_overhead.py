@@ -9,7 +9,9 @@ shape, e.g. the ImageNet-sized GPU check:
 Each arm has its own copy of the same initial model; arms run interleaved, a few steps at a time, and the
 median step time of each is compared with the uncompressed arm (on CUDA each step is timed to its last
 kernel; batches are on the device beforehand). Compression acts on each policy's default layers
-(convolution outputs for prune and fp, plus the classifier for int); the probe is off.
+(convolution outputs for prune and fp, plus the classifier for int); the probe is off. On the CPU the
+chunk functions run compiled (the default), and eagerly in the arm that says so (the script sets
+GRADCOMP_COMPILE for each arm's steps).
 
     python benchmarks/train_overhead.py [--rounds 6] [--steps 4] [--batch-size 128] [--device cpu|cuda]
                                         [--image-size N] [--channels C] [--quick]
@@ -19,23 +21,26 @@ from __future__ import annotations
 
 import argparse
 import copy
+import os
 import statistics
 import time
 
 import torch
 from torch import nn
 
+from gradcomp._backend import COMPILE_ENV
 from gradcomp.analysis.tables import to_markdown
 from gradcomp.attach import Schedule, attach
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split, make_synthetic
 from gradcomp.models import create_model
 
-ARMS = {
+ARMS = {  # name: (policy, statistics refresh, CPU chunk functions compiled)
     "uncompressed": None,
-    "prune 0.85, statistics every step": ("prune:sparsity=0.85", "step"),
-    "prune 0.85, statistics every 10 steps": ("prune:sparsity=0.85", 10),
-    "fp e4m1 per-layer optimal scale, every step": ("fp:format=e4m1", "step"),
-    "int 5-bit psq (two streams)": ("int:bits=5,scheme=psq", "step"),
+    "prune 0.85, statistics every step": ("prune:sparsity=0.85", "step", True),
+    "prune 0.85, statistics every step, eager (GRADCOMP_COMPILE=0)": ("prune:sparsity=0.85", "step", False),
+    "prune 0.85, statistics every 10 steps": ("prune:sparsity=0.85", 10, True),
+    "fp e4m1 per-layer optimal scale, every step": ("fp:format=e4m1", "step", True),
+    "int 5-bit psq (two streams)": ("int:bits=5,scheme=psq", "step", True),
 }
 
 
@@ -77,13 +82,16 @@ def main() -> None:
     base = create_model(args.model, num_classes=10, in_chans=data[0][0].shape[1]).to(args.device)
     arms = {}
     for name, spec in ARMS.items():
+        if cuda and spec and not spec[2]:
+            continue  # compiling concerns the CPU path only
         model = copy.deepcopy(base)
         handle = attach(model, spec[0], schedule=Schedule(refresh=spec[1])) if spec else None
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-        arms[name] = (model, handle, optimizer, [])
+        arms[name] = (model, handle, optimizer, spec[2] if spec else True, [])
 
-    def step(model, handle, optimizer, index: int) -> float:
+    def step(model, handle, optimizer, index: int, compiled: bool = True) -> float:
         images, labels = data[index % len(data)]
+        os.environ[COMPILE_ENV] = "1" if compiled else "0"
         if cuda:
             torch.cuda.synchronize()
         start = time.perf_counter()
@@ -97,19 +105,19 @@ def main() -> None:
             torch.cuda.synchronize()
         return time.perf_counter() - start
 
-    for model, handle, optimizer, _ in arms.values():  # warm-up (and kernel compilation)
+    for model, handle, optimizer, compiled, _ in arms.values():  # warm-up (and kernel compilation)
         for index in range(2):
-            step(model, handle, optimizer, index)
+            step(model, handle, optimizer, index, compiled)
     counter = 0
     for _ in range(args.rounds):
-        for model, handle, optimizer, times in arms.values():
+        for model, handle, optimizer, compiled, times in arms.values():
             for _ in range(args.steps):
-                times.append(step(model, handle, optimizer, counter))
+                times.append(step(model, handle, optimizer, counter, compiled))
                 counter += 1
 
-    baseline = statistics.median(arms["uncompressed"][3])
+    baseline = statistics.median(arms["uncompressed"][-1])
     rows = []
-    for name, (_, _, _, times) in arms.items():
+    for name, (*_, times) in arms.items():
         median = statistics.median(times)
         rows.append(
             {

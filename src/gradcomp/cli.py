@@ -12,7 +12,7 @@ import torch
 from tqdm import tqdm
 
 from gradcomp import __version__
-from gradcomp._backend import interpreter_enabled, triton_available
+from gradcomp._backend import COMPILE_ENV, compile_enabled, interpreter_enabled, triton_available
 from gradcomp.analysis.tables import write_table
 
 
@@ -22,7 +22,8 @@ def _info(args: argparse.Namespace) -> None:
     print(f"CUDA available: {cuda}" + (f" ({torch.cuda.get_device_name()})" if cuda else ""))
     print(f"triton importable: {triton_available()}; TRITON_INTERPRET: {interpreter_enabled()}")
     route = "Triton kernels" if cuda and triton_available() else "vectorised torch (no CUDA device)"
-    print(f"ops on CUDA tensors run: {route}; ops on CPU tensors run: vectorised torch")
+    cpu = "compiled by torch.compile where it can" if compile_enabled() else f"eager ({COMPILE_ENV}=0)"
+    print(f"ops on CUDA tensors run: {route}; ops on CPU tensors run: vectorised torch, {cpu}")
 
 
 def _theory(args: argparse.Namespace) -> None:

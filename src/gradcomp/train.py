@@ -30,6 +30,7 @@ import os
 import random
 import signal
 import time
+import warnings
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -516,7 +517,9 @@ def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
                 f"{state['consecutive_skips']} consecutive steps had non-finite loss or gradients (step "
                 f"{state['step']}); stopped. The weights are those from before the first of them."
             )
-    run.scheduler.step()
+    with warnings.catch_warnings():  # a skipped step still advances the schedule: steps are its clock
+        warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
+        run.scheduler.step()
     loss_value = loss_sum / run.processes.world_size
     seen = labels.numel() * run.processes.world_size
     state["step"] += 1
