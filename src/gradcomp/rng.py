@@ -106,7 +106,7 @@ def chunk_counter(seed: int, numel: int, device: torch.device | str, start: int 
     return ChunkCounter(_short_counter(device)[:numel], as_tensor(first), as_tensor(high))
 
 
-def hash_counter(base: Tensor, first: Tensor, high: Tensor) -> Tensor:
+def hash_counter(base: Tensor, first: Tensor | int, high: Tensor | int) -> Tensor:
     """The random bits of a `ChunkCounter` (int32 sums wrap mod 2^32, which is the bit pattern we want)."""
     counter = base + first
     counter ^= high
@@ -122,13 +122,10 @@ def random_bits(seed: int, numel: int, device: torch.device | str = "cpu", start
         piece_end = min(end, (position // _CHUNK + 1) * _CHUNK)
         count = piece_end - position
         if count <= _SHORT:
-            pieces.append(hash_counter(*chunk_counter(seed, count, device, position)))
-        else:  # counters above 2^31 wrap to negative int32, the bit pattern we want
-            low = position % _CHUNK
-            counter = torch.arange(low, low + count, dtype=torch.int64, device=device).to(torch.int32)
-            counter += as_int32(k0)
-            counter ^= _keys_at(k0, k1, position)[1]
-            pieces.append(_mix32_(counter))
+            base = _short_counter(torch.device(device))[:count]
+        else:  # offsets above 2^31 wrap to negative int32, the bit pattern we want
+            base = torch.arange(count, dtype=torch.int64, device=device).to(torch.int32)
+        pieces.append(hash_counter(base, *_keys_at(k0, k1, position)))
         position = piece_end
     if not pieces:
         return torch.empty(0, dtype=torch.int32, device=device)

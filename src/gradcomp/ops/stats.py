@@ -29,10 +29,10 @@ def log_moments(x: Tensor, backend: Backend = "auto") -> Tensor:
         zeros, sum_log, sum_log_sq = _log_sums(chunk)
         if torch.isfinite(sum_log_sq):
             return chunk.numel() - zeros, sum_log, sum_log_sq, zeros
-        log_abs, zero = _log_magnitudes(chunk)  # NaN or Inf in this chunk: leave them out
+        log_abs, _ = _log_magnitudes(chunk)  # NaN or Inf in this chunk: leave them out
         finite = torch.isfinite(log_abs)
         log_abs = torch.where(finite, log_abs, 0.0)
-        return finite.sum() - zero.sum(), log_abs.sum(), torch.dot(log_abs, log_abs), zero.sum()
+        return finite.sum() - zeros, log_abs.sum(), torch.dot(log_abs, log_abs), zeros
 
     return sum_chunks(x, chunk_moments)
 
