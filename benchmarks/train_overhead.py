@@ -30,7 +30,8 @@ from torch import nn
 
 from gradcomp._backend import COMPILE_ENV
 from gradcomp.analysis.tables import to_markdown
-from gradcomp.attach import Schedule, attach
+from gradcomp.attach import attach
+from gradcomp.config import CompressionConfig
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split, make_synthetic
 from gradcomp.models import create_model
 
@@ -85,7 +86,7 @@ def main() -> None:
         if cuda and spec and not spec[2]:
             continue  # compiling concerns the CPU path only
         model = copy.deepcopy(base)
-        handle = attach(model, spec[0], schedule=Schedule(refresh=spec[1])) if spec else None
+        handle = attach(model, CompressionConfig(spec[0], refresh=spec[1])) if spec else None
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         arms[name] = (model, handle, optimizer, spec[2] if spec else True, [])
 

@@ -4,7 +4,8 @@ import pytest
 import torch
 from torch import nn
 
-from gradcomp.attach import Schedule, _count_zeros, attach, select_layers
+from gradcomp.attach import _count_zeros, attach, select_layers
+from gradcomp.config import CompressionConfig
 from gradcomp.models import create_model
 
 
@@ -31,7 +32,7 @@ def _backward(layer, x, upstream):
 def test_forward_is_unchanged_and_the_gradient_is_pruned():
     layer, x, upstream = _linear_probe()
     reference = layer(x).detach()
-    handle = attach(layer, "prune:sparsity=0.8", types=["linear"])
+    handle = attach(layer, CompressionConfig("prune:sparsity=0.8", layer_types=["linear"]))
     out, g_input, g_weight = _backward(layer, x, upstream)
     assert torch.equal(out, reference)
     # one stream: both GEMMs see the same gradient
@@ -48,7 +49,7 @@ def test_int_policy_quantizes_the_two_gemms_differently_without_a_second_forward
     layer, x, upstream = _linear_probe()
     calls = []
     layer.register_forward_hook(lambda *args: calls.append(1))
-    attach(layer, "int:bits=2,scheme=psq", types=["linear"])
+    attach(layer, CompressionConfig("int:bits=2,scheme=psq", layer_types=["linear"]))
     out, g_input, g_weight = _backward(layer, x, upstream)
     assert len(calls) == 1
     assert torch.allclose(out, x @ layer.weight.t())
@@ -121,7 +122,7 @@ def test_layer_selection_and_placement_on_batchnorm_inputs():
     assert [n for n, _ in select_layers(model, ["conv", "linear"], exclude=["*downsample*", "fc"])] == [
         n for n, m in model.named_modules() if isinstance(m, nn.Conv2d) and "downsample" not in n
     ]
-    handle = attach(model, "prune:sparsity=0.85", types=["bn"], placement="input")
+    handle = attach(model, CompressionConfig("prune:sparsity=0.85", layer_types=["bn"], placement="input"))
     nn.functional.cross_entropy(model(torch.randn(4, 1, 28, 28)), torch.tensor([0, 1, 2, 3])).backward()
     # at initialisation timm zeroes the last BN of each block, so some layers get all-zero gradients
     assert len(handle.layers) == 20 and 0.75 < handle.sparsity() <= 1.0
@@ -133,9 +134,8 @@ def test_layer_selection_and_placement_on_batchnorm_inputs():
 
 def test_schedule_refresh_and_warmup():
     layer, x, upstream = _linear_probe()
-    handle = attach(
-        layer, "prune:sparsity=0.8", types=["linear"], schedule=Schedule(refresh=3, warmup_steps=1)
-    )
+    config = CompressionConfig("prune:sparsity=0.8", layer_types=["linear"], refresh=3, warmup_steps=1)
+    handle = attach(layer, config)
     thresholds = []
     for step in range(5):
         handle.begin_step(step)
@@ -151,15 +151,16 @@ def test_schedule_refresh_and_warmup():
     assert thresholds[0] is None
     assert thresholds[1] == thresholds[2] and thresholds[3] == thresholds[4] != thresholds[2]
     with pytest.raises(ValueError, match="refresh"):
-        Schedule(refresh="sometimes")
+        CompressionConfig(refresh="sometimes")
 
 
 def test_state_dict_round_trip():
     layer, x, upstream = _linear_probe()
-    handle = attach(layer, "prune:sparsity=0.8+fp:format=e4m3", types=["linear"])
+    config = CompressionConfig("prune:sparsity=0.8+fp:format=e4m3", layer_types=["linear"])
+    handle = attach(layer, config)
     _backward(layer, x, upstream)
     state = handle.state_dict()
-    other = attach(nn.Linear(64, 64, bias=False), "prune:sparsity=0.8+fp:format=e4m3", types=["linear"])
+    other = attach(nn.Linear(64, 64, bias=False), config)
     other.load_state_dict(state)
     assert torch.equal(other.layers[0].stats.parts[0].threshold, handle.layers[0].stats.parts[0].threshold)
     assert other.sparsity() == handle.sparsity()

@@ -10,6 +10,7 @@ from torch import nn
 from gradcomp import log_moments, lognormal_threshold, stochastic_prune
 from gradcomp._backend import COMPILE_ENV, CpuCompiled
 from gradcomp.attach import attach
+from gradcomp.config import CompressionConfig
 
 
 def _both(monkeypatch, fn):
@@ -43,7 +44,7 @@ def test_compiled_log_moments_match(monkeypatch, dtype):
 def test_compiled_compression_inside_backward(monkeypatch):
     monkeypatch.setenv(COMPILE_ENV, "1")
     layer = nn.Linear(512, 512)
-    handle = attach(layer, "prune:sparsity=0.8", types=["linear"])
+    handle = attach(layer, CompressionConfig("prune:sparsity=0.8", layer_types=["linear"]))
     upstream = lognormal_gradient((256, 512), specials=False)  # the output gradient
     (layer(torch.randn(256, 512)) * upstream).sum().backward()
     assert handle.sparsity() == pytest.approx(0.8, abs=0.02)

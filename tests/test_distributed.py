@@ -13,7 +13,8 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 
 import gradcomp.train as train_module
-from gradcomp.train import TrainConfig, TrainingInterrupted
+from gradcomp.config import resolve_config
+from gradcomp.train import TrainingInterrupted
 
 WORLD_SIZE = 2
 STOP_AT = 4  # rank 1 alone gets a SIGTERM during this step (the second epoch's first) of the second run
@@ -59,7 +60,7 @@ def _worker(rank: int, ports: list[int], folder: str) -> None:
         copies = [torch.empty_like(flat) for _ in range(WORLD_SIZE)]
         dist.all_gather(copies, flat)
         same_weights.append(all(torch.equal(copies[0], copy) for copy in copies[1:]))
-        if rank == 1 and run.state["step"] == stop_at["step"]:
+        if rank == 1 and run.progress.step == stop_at["step"]:
             os.kill(os.getpid(), signal.SIGTERM)
         return loss
 
@@ -67,7 +68,7 @@ def _worker(rank: int, ports: list[int], folder: str) -> None:
 
     def run(name: str, port: int, **options) -> dict:
         os.environ["MASTER_PORT"] = str(port)
-        return train_module.train(TrainConfig(**CONFIG, out=os.path.join(folder, name), **options))
+        return train_module.train(resolve_config(**CONFIG, out=os.path.join(folder, name), **options))
 
     results = {"reference": run("reference", ports[0])}
     stop_at["step"] = STOP_AT

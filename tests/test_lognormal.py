@@ -114,6 +114,21 @@ def test_prior_thresholds_invert_their_curves(solver, curve):
     torch.testing.assert_close(curve(solver(target)), target)
 
 
+@pytest.mark.parametrize(
+    "solver", [lognormal.gaussian_normalized_threshold, lognormal.laplace_normalized_threshold]
+)
+def test_prior_thresholds_reach_float64_precision_in_four_steps_from_their_table(solver):
+    sparsity = torch.cat(
+        [
+            torch.logspace(-6, -1, 45, dtype=torch.float64),  # below, the curves cancel to noise in float64
+            torch.linspace(0.1, 0.9, 81, dtype=torch.float64),
+            1 - torch.logspace(-1, -9, 45, dtype=torch.float64),
+        ]
+    )
+    converged = solver(sparsity, iterations=80)
+    torch.testing.assert_close(solver(sparsity), converged, rtol=1e-10, atol=0)  # the curves' float64 noise
+
+
 def test_gaussian_prior_curve_matches_monte_carlo():
     generator = torch.Generator().manual_seed(3)
     g = torch.randn(2_000_000, generator=generator, dtype=torch.float64).abs()

@@ -3,6 +3,7 @@ import torch
 from torch import nn
 
 from gradcomp.attach import attach
+from gradcomp.config import CompressionConfig
 from gradcomp.models import create_model
 
 MODELS = [
@@ -24,9 +25,8 @@ MODELS = [
 def test_model_trains_one_step_with_compressed_gradients(name, options):
     torch.manual_seed(0)
     model = create_model(name, num_classes=10, **options)
-    handle = attach(
-        model, "prune:sparsity=0.8+fp:format=e5m2", types=["conv", "linear"]
-    )  # ViTs are mostly Linear
+    config = CompressionConfig("prune:sparsity=0.8+fp:format=e5m2", layer_types=["conv", "linear"])
+    handle = attach(model, config)  # ViTs are mostly Linear
     images = torch.randn(2, options.get("in_chans", 3), 32, 32)
     nn.functional.cross_entropy(model(images), torch.tensor([1, 2])).backward()
     grads = [p.grad for p in model.parameters() if p.requires_grad]

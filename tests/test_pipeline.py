@@ -1,4 +1,3 @@
-import csv
 import os
 import shutil
 import subprocess
@@ -10,9 +9,7 @@ import yaml
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
-from gradcomp.cli import main
-from gradcomp.pipeline import check_config, experiment_runs, figure_files, run_spec
-from gradcomp.plots import experiments
+from gradcomp.pipeline import check_config, experiment_reads, figure_files, run_spec, seeds
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
@@ -62,8 +59,13 @@ def test_schema_rejects_a_bad_config_naming_the_key(change, named):
     ("change", "message"),
     [
         (lambda c: c["train"].update(epoch=3), "config key train: unknown training keys \\['epoch'\\]"),
+        (lambda c: c["train"].update(seed=3), "config key train.seed: give the seeds as `seeds:"),
         (lambda c: c["runs"].update(bad="prune:sparsity=2"), "config key runs.bad: prune: sparsity"),
+        (lambda c: c["runs"].update(bad={"policy": "none", "lr": -1.0, "epochs": 0}), "runs.bad: epochs"),
         (lambda c: c["experiments"]["A5"]["runs"].append("nope"), "experiments.A5: runs \\['nope'\\]"),
+        (lambda c: c["experiments"]["A5"].update(run="x"), "experiments.A5: unknown settings \\['run'\\]"),
+        (lambda c: c["experiments"]["B2"].update(bits=4), "experiments.B2.bits must be a list"),
+        (lambda c: c["experiments"]["B1"].update(seeds=[7]), "experiments.B1.seeds: run qat8 is not trained"),
     ],
 )
 def test_config_check_names_the_bad_key(change, message):
@@ -83,13 +85,46 @@ def test_a_bad_config_stops_snakemake_with_the_message(tmp_path):
     assert "runs.baseline" in dry.stdout + dry.stderr
 
 
-def test_run_specs_merge_shared_and_own_keys():
+def test_run_specs_merge_shared_and_own_keys_and_the_seed():
     config = _default_config()
-    assert run_spec(config, "fp_e4m1")["policy"] == "fp:format=e4m1"
-    assert run_spec(config, "qat8")["forward_bits"] == 8
-    assert run_spec(config, "qat8")["model"] == config["train"]["model"]
-    assert experiment_runs(config, "X1") == list(config["runs"])
-    assert experiment_runs(config, "A1") == ["baseline"]
+    assert run_spec(config, "fp_e4m1", 0)["policy"] == "fp:format=e4m1"
+    assert run_spec(config, "qat8", 2)["forward_bits"] == 8 and run_spec(config, "qat8", 2)["seed"] == 2
+    assert run_spec(config, "qat8", 0)["model"] == config["train"]["model"]
+    config["runs"]["qat8"]["seeds"] = [5, 6]
+    assert seeds(config, "qat8") == [5, 6] and seeds(config, "baseline") == config["seeds"]
+    assert "seeds" not in run_spec(config, "qat8", 5)
+
+
+def test_what_each_experiment_reads():
+    config = _default_config()
+    assert list(experiment_reads(config, "X1")) == [
+        "baseline",
+        *(run for run in config["runs"] if run != "baseline"),
+    ]
+    assert experiment_reads(config, "A1") == {"baseline": config["seeds"]}  # every seed by default
+    config["experiments"]["B1"]["seeds"] = [1]
+    assert experiment_reads(config, "B1") == {"qat8": [1]}
+    assert experiment_reads(config, "A4") == {}
+    assert experiment_reads(config, "A5")["baseline"] == config["seeds"]
+
+
+def test_parsing_the_workflow_imports_neither_torch_nor_matplotlib():
+    """What `snakemake -n`, `--lint` and every cluster job's start pay: the Snakefile and gradcomp's
+    config checks, without torch (seconds to import) or matplotlib."""
+    code = (
+        "import sys\n"
+        "from snakemake.cli import main\n"
+        "try:\n"
+        "    main(['-n', '--forceall', '--quiet', '--cores', '1', '--configfile', 'config/default.yaml'])\n"
+        "except SystemExit as stop:\n"
+        "    assert not stop.code, stop.code\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'matplotlib', 'seaborn')))\n"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert result.stdout.strip().splitlines()[-1] == "[]"
 
 
 def test_snakefmt_clean():
@@ -102,51 +137,6 @@ def test_snakefmt_clean():
         check=False,
     )
     assert result.returncode == 0, result.stderr
-
-
-def test_sparsity_verb_writes_csv_and_markdown(tmp_path):
-    out = tmp_path / "A7.csv"
-    main(
-        [
-            "sparsity",
-            "--numel",
-            "4096",
-            "--sigmas",
-            "2",
-            "--targets",
-            "0.8",
-            "--zero-fractions",
-            "0",
-            "--out",
-            str(out),
-        ]
-    )
-    rows = list(csv.DictReader(out.open()))
-    assert {row["estimator"] for row in rows} == {"lognormal", "gaussian", "laplace", "topk"}
-    assert out.with_suffix(".md").read_text().startswith("## ")
-
-
-def test_theory_verb_writes_both_tables(tmp_path):
-    switch, mse = tmp_path / "switch.csv", tmp_path / "mse.csv"
-    main(
-        [
-            "theory",
-            "--bits",
-            "4",
-            "--kinds",
-            "ideal",
-            "--sigmas",
-            "1",
-            "--sigma-max",
-            "4",
-            "--switch-points",
-            str(switch),
-            "--mse",
-            str(mse),
-        ]
-    )
-    assert [row["exp_bits"] for row in csv.DictReader(switch.open())] == ["1", "2", "3"]
-    assert len(list(csv.DictReader(mse.open()))) == 4  # E = 0..3 at one sigma
 
 
 def test_the_committed_default_figures_are_complete():
@@ -167,7 +157,10 @@ def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
     result = _snakemake("--cores", "2", "--configfile", config_path, cwd=work)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     config = yaml.safe_load((work / config_path).read_text())
-    registry = experiments()
+    for run in config["runs"]:  # every (run, seed) is its own training job
+        assert [p.name for p in sorted((work / "results" / "tiny" / "runs" / run).iterdir())] == [
+            f"seed{seed}" for seed in seeds(config, run)
+        ]
     expected = figure_files(config)
     figures = work / "figures" / "tiny"
     missing = [name for name in expected if not (figures / name).is_file()]
@@ -175,11 +168,16 @@ def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
     assert all((figures / name).stat().st_size > 0 for name in expected)
     summary = (figures / "SUMMARY.md").read_text()
     assert all(f"## {exp}:" in summary for exp in config["experiments"])
+    assert "within noise (±" in summary and "seeds" in summary
+    a5 = (figures / "A5_fp_formats.md").read_text()
+    assert "| seeds |" in a5 and "accuracy_ci_low" in a5
     report = _snakemake("--configfile", config_path, "--report", "report.html", cwd=work)
     assert report.returncode == 0, report.stdout[-4000:] + report.stderr[-4000:]
     html = (work / "report.html").read_text(errors="replace")
-    assert registry["A7"].title in html
-    # a fresh clone has the committed figures but no runs: the runs are trained again, not skipped
+    assert "gradient sparsity" in html  # A8's generated caption reached the report
+    # a fresh clone has the committed figures but no results/: the runs are trained again and every
+    # experiment is computed again, A4 (which reads no runs) included
     shutil.rmtree(work / "results")
     again = _snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=work)
     assert again.returncode == 0 and "train" in again.stdout, again.stdout[-4000:] + again.stderr[-4000:]
+    assert "exp=A4, slug=fp_mse_theory" in again.stdout

@@ -1,11 +1,13 @@
 import math
+import statistics
 
 import pytest
 import torch
 from helpers import lognormal_gradient
 
 from gradcomp import fp_theory
-from gradcomp.policies import Chain, FloatingPoint, Integer, LayerStats, NoCompression, Prune, parse_policy
+from gradcomp.compress import LayerStats, compress
+from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Prune, parse_policy
 
 
 @pytest.mark.parametrize(
@@ -54,12 +56,12 @@ def test_bad_policies_say_what_is_wrong(spec, message):
 def test_prune_policy_refreshes_its_threshold_only_when_asked():
     policy, stats = Prune(0.8), LayerStats()
     g = lognormal_gradient((64, 256), specials=False)
-    out = policy.compress(g, stats, refresh=True, seed=0)
+    out = compress(policy, g, stats, refresh=True, seed=0)
     first = stats.threshold.clone()
     assert abs(float((out == 0).double().mean()) - 0.8) < 0.01
-    policy.compress(g * 100, stats, refresh=False, seed=1)
+    compress(policy, g * 100, stats, refresh=False, seed=1)
     assert torch.equal(stats.threshold, first)
-    policy.compress(g * 100, stats, refresh=True, seed=1)
+    compress(policy, g * 100, stats, refresh=True, seed=1)
     assert torch.allclose(stats.threshold, first * 100, rtol=1e-4)
 
 
@@ -68,11 +70,11 @@ def test_fp_scales():
     mu2 = float(torch.log2(g.abs()).mean())
     sigma2 = float(torch.log2(g.abs()).std())
     stats = LayerStats()
-    FloatingPoint("e4m1", scaling="per_layer_mean").compress(g, stats, True, 0)
+    compress(FloatingPoint("e4m1", scaling="per_layer_mean"), g, stats, True, 0)
     assert float(stats.scale) == 2.0 ** round(-mu2 - 3)
-    FloatingPoint("e4m1", scaling="global", global_scale=2.0**10).compress(g, stats, True, 0)
+    compress(FloatingPoint("e4m1", scaling="global", global_scale=2.0**10), g, stats, True, 0)
     assert float(stats.scale) == 2.0**10
-    FloatingPoint("e4m1", scaling="per_layer_optimal").compress(g, stats, True, 0)
+    compress(FloatingPoint("e4m1", scaling="per_layer_optimal"), g, stats, True, 0)
     optimum = (
         fp_theory.optimal_log2_scale(FloatingPoint("e4m1").fmt.positive_values(), sigma2)[0].item() - mu2
     )
@@ -81,25 +83,62 @@ def test_fp_scales():
 
 def test_fp_scale_of_an_all_zero_gradient_is_finite():
     stats = LayerStats()
-    out = FloatingPoint("e4m1").compress(torch.zeros(10, 10), stats, True, 0)
+    out = compress(FloatingPoint("e4m1"), torch.zeros(10, 10), stats, True, 0)
     assert torch.isfinite(stats.scale) and torch.equal(out, torch.zeros(10, 10))
 
 
 def test_integer_weight_path_defaults_follow_the_reference_code():
     g = lognormal_gradient((16, 64), specials=False)
     policy = Integer(bits=2, scheme="psq")
-    act = policy.compress(g, LayerStats(), True, 0)
-    weight = policy.compress_weight_path(g, LayerStats(), True, 0)
+    act = compress(policy, g, LayerStats(), True, 0)
+    weight = compress(policy, g, LayerStats(), True, 0, weight_path=True)
     assert act.unique().numel() <= 4 * 16  # 2 bits: 4 levels per row
     assert weight.unique().numel() > 4 * 16  # 8-bit per-column quantizer
     assert torch.equal(
-        Integer(2, "psq", weight_scheme="none").compress_weight_path(g, LayerStats(), True, 0), g
+        compress(Integer(2, "psq", weight_scheme="none"), g, LayerStats(), True, 0, weight_path=True), g
     )
 
 
 def test_chain_keeps_separate_statistics():
     policy = parse_policy("prune:sparsity=0.5+fp:format=e3m2")
     stats = LayerStats()
-    out = policy.compress(lognormal_gradient((32, 64), specials=False), stats, True, 0)
+    out = compress(policy, lognormal_gradient((32, 64), specials=False), stats, True, 0)
     assert len(stats.parts) == 2 and stats.parts[0].threshold is not None and stats.parts[1].scale is not None
     assert float((out == 0).double().mean()) >= 0.45
+
+
+def test_policies_describe_themselves():
+    labels = {
+        "none": ("none", "none"),
+        "prune:sparsity=0.85": ("prune 0.85", "prune, lognormal"),
+        "prune:sparsity=0.5,estimator=gaussian": ("prune 0.5 gaussian", "prune, other threshold"),
+        "prune:sparsity=0.95,min_cosine=0.9": ("prune 0.95 cos>=0.9", "prune, lognormal"),
+        "fp:format=e4m1": ("FP6 [1,4,1]", "FP, per-layer scale"),
+        "fp:format=e4m1,scaling=global,global_scale=256": ("FP6 [1,4,1] global 2^8", "FP, global scale"),
+        "fp:format=e3m2,scaling=per_layer_optimal,rounding=stochastic": (
+            "FP6 [1,3,2] per-layer min-MSE SR",
+            "FP, per-layer scale",
+        ),
+        "int:bits=4,scheme=bhq": ("int4 BHQ", "int BHQ"),
+        "prune:sparsity=0.85+fp:format=e4m1": ("prune 0.85 + FP6 [1,4,1]", "prune + FP"),
+    }
+    for spec, (label, family) in labels.items():
+        policy = parse_policy(spec)
+        assert (policy.label, policy.family) == (label, family), spec
+
+
+def test_bits_per_element_count_every_family_the_same_way():
+    # one layer whose threshold sits 1.645 sigmas above the log-mean: 5 % of its elements lie beyond it
+    beyond = statistics.NormalDist().inv_cdf(0.95)
+    layer = {"sparsity": 0.85, "elements": 100, "mu": 0.0, "sigma": 1.0, "threshold": math.exp(beyond)}
+    summary = {"gradient_sparsity": 0.85, "layers": {"a": layer, "b": {**layer, "threshold": None}}}
+    assert NoCompression().bits_per_element(summary) == 32
+    assert FloatingPoint("e4m1").bits_per_element(summary) == 6
+    assert Integer(5, "bhq").bits_per_element(summary) == 13  # 5-bit activation path + 8-bit weight path
+    assert Integer(5, "psq", weight_scheme="same").bits_per_element(summary) == 10
+    assert Integer(5, "psq", weight_scheme="none").bits_per_element(summary) == 37  # exact float32 copy
+    # mask + a sign per survivor + 31 more bits for each survivor beyond the threshold
+    assert Prune(0.85).bits_per_element(summary) == pytest.approx(1 + 0.15 + 31 * 0.05)
+    assert parse_policy("prune:sparsity=0.85+fp:format=e4m1").bits_per_element(summary) == pytest.approx(
+        1 + 0.15 * 6
+    )

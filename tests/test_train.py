@@ -8,8 +8,10 @@ import torch
 import yaml
 
 import gradcomp.train as train_module
+from gradcomp.config import CompressionConfig, TrainConfig, resolve_config
+from gradcomp.policies import Prune, parse_policy
 from gradcomp.probe import load_probe
-from gradcomp.train import TrainConfig, TrainingInterrupted, resolve_config, train
+from gradcomp.train import TrainingInterrupted, train
 
 # 160 training images in batches of 32: five steps per epoch
 TINY = {
@@ -27,7 +29,7 @@ CONVS = 14  # resnet10t's convolutions (where prune and fp act; int and the prob
 
 
 def _run(tmp_path, name, **overrides):
-    config = TrainConfig(**{**TINY, "out": str(tmp_path / name), **overrides})
+    config = resolve_config(**{**TINY, "out": str(tmp_path / name), **overrides})
     return train(config), tmp_path / name
 
 
@@ -63,7 +65,8 @@ def test_end_to_end_each_policy_family(tmp_path, policy):
         target = 0.8 if policy.startswith("prune:sparsity=0.8") else 0.7
         assert summary["gradient_sparsity"] >= target - 0.05
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
-    assert config["policy"] == policy
+    assert parse_policy(config["compression"]["policy"]) == parse_policy(policy)  # written in full
+    assert resolve_config(run_dir / "config.yaml").to_dict() == config  # config.yaml reads back
     kinds = [m["kind"] for m in _metrics(run_dir)]
     assert kinds.count("epoch") == 2 and kinds.count("step") == 5
     assert (run_dir / "checkpoint.pt").exists()
@@ -190,13 +193,13 @@ def test_config_resolution(tmp_path):
     file = tmp_path / "config.yaml"
     file.write_text("dataset: synthetic\nepochs: 3\npolicy: {name: prune, sparsity: 0.9}\n")
     config = resolve_config(file, epochs=5, lr=None)
-    assert (config.model, config.epochs, config.policy) == (
-        "resnet10t",
-        5,
-        {"name": "prune", "sparsity": 0.9},
-    )
+    assert (config.model, config.epochs, config.policy) == ("resnet10t", 5, Prune(0.9))
     assert resolve_config(dataset="fashion-mnist").model == "resnet18"
-    assert resolve_config(refresh="10").refresh == 10
+    assert resolve_config(refresh="10").compression.refresh == 10
+    nested = resolve_config(compression={"policy": "prune:sparsity=0.9", "refresh": 4})
+    assert nested.compression == CompressionConfig(Prune(0.9), refresh=4)
+    with pytest.raises(ValueError, match="both flat and under compression"):
+        resolve_config(refresh=2, compression={"refresh": 4})
     file.write_text("epochs: 3\nlearning_rate: 0.1\n")
     with pytest.raises(ValueError, match="learning_rate"):
         resolve_config(file)
@@ -208,4 +211,4 @@ def test_output_directory_that_cannot_be_created(tmp_path):
     blocker = tmp_path / "a_file"
     blocker.write_text("")
     with pytest.raises(OSError, match="cannot create the output directory"):
-        train(TrainConfig(**{**TINY, "out": str(blocker / "run")}))
+        train(resolve_config(**{**TINY, "out": str(blocker / "run")}))

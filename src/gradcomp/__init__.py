@@ -2,23 +2,35 @@
 
 Reproduces "Neural gradients are near-lognormal" (Chmiel et al., ICLR 2021) and "A Statistical Framework
 for Low-bitwidth Training of Deep Neural Networks" (Chen et al., NeurIPS 2020).
+
+The public names below load on first use (PEP 562), so that importing a torch-free module of the package
+(`gradcomp.experiments`, `gradcomp.pipeline`, `gradcomp.policies`: what parsing the Snakemake workflow
+needs) does not import torch.
 """
 
-from gradcomp.formats import E4M3, E5M2, PAPER_FORMATS, FPFormat, parse_format
-from gradcomp.ops import (
-    gaussian_threshold,
-    laplace_threshold,
-    log_moments,
-    lognormal_threshold,
-    lognormal_threshold_from_moments,
-    quantize_fp,
-    quantize_int,
-    stochastic_prune,
-    topk_threshold,
-)
+from __future__ import annotations
+
+import importlib
+from typing import TYPE_CHECKING, Any
 
 __version__ = "0.1.0"
 
+_EXPORTS = {
+    "E4M3": "gradcomp.formats",
+    "E5M2": "gradcomp.formats",
+    "PAPER_FORMATS": "gradcomp.formats",
+    "FPFormat": "gradcomp.formats",
+    "parse_format": "gradcomp.formats",
+    "gaussian_threshold": "gradcomp.ops",
+    "laplace_threshold": "gradcomp.ops",
+    "log_moments": "gradcomp.ops",
+    "lognormal_threshold": "gradcomp.ops",
+    "lognormal_threshold_from_moments": "gradcomp.ops",
+    "quantize_fp": "gradcomp.ops",
+    "quantize_int": "gradcomp.ops",
+    "stochastic_prune": "gradcomp.ops",
+    "topk_threshold": "gradcomp.ops",
+}
 __all__ = [
     "E4M3",
     "E5M2",
@@ -35,3 +47,29 @@ __all__ = [
     "stochastic_prune",
     "topk_threshold",
 ]
+
+if TYPE_CHECKING:
+    from gradcomp.formats import E4M3, E5M2, PAPER_FORMATS, FPFormat, parse_format
+    from gradcomp.ops import (
+        gaussian_threshold,
+        laplace_threshold,
+        log_moments,
+        lognormal_threshold,
+        lognormal_threshold_from_moments,
+        quantize_fp,
+        quantize_int,
+        stochastic_prune,
+        topk_threshold,
+    )
+
+
+def __getattr__(name: str) -> Any:
+    if name not in _EXPORTS:
+        raise AttributeError(f"module 'gradcomp' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_EXPORTS[name]), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted([*globals(), *_EXPORTS])

@@ -1,11 +1,10 @@
 """Put a compression policy on the neural gradients of any torch / timm model.
 
-`attach(model, policy)` selects layers by type (by default where the policy's paper acts: convolutions for
-prune and fp, convolutions and linear layers for int) and by fully-qualified-name patterns, and compresses
-the gradient
-with respect to each selected layer's output (placement "output", the default: the gradient that feeds
-both the input-gradient and the weight-gradient GEMMs) or input (placement "input", e.g. the BatchNorm
-inputs where the lognormal paper prunes, section 2.8).
+`attach(model, config)` takes a `CompressionConfig` (or just a policy): it selects layers by type (by default
+where the policy's paper acts: convolutions for prune and fp, convolutions and linear layers for int) and by
+fully-qualified-name patterns, and compresses the gradient with respect to each selected layer's output
+(placement "output", the default: the gradient that feeds both the input-gradient and the weight-gradient
+GEMMs) or input (placement "input", e.g. the BatchNorm inputs where the lognormal paper prunes, section 2.8).
 
 * One-stream policies (none, prune, fp) use an identity autograd Function applied in a forward hook. It marks
   its input dirty instead of returning a view, so in-place ops that follow (timm's ReLU(inplace=True),
@@ -29,7 +28,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from gradcomp.policies import LayerStats, Policy, parse_policy
+from gradcomp.compress import LayerStats, compress
+from gradcomp.config import CompressionConfig
+from gradcomp.policies import Policy
 from gradcomp.rng import mix32
 
 LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
@@ -39,25 +40,6 @@ LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
 }
 GradientObserver = Callable[[str, Tensor], None]
 Reduce = Callable[[Tensor], Tensor]  # sums a tensor over training processes
-
-
-@dataclass
-class Schedule:
-    """When statistics are refreshed and when compression starts.
-
-    refresh: "step" (every step), an integer K (every K steps), or "epoch" (first step of every epoch, as in
-    the reference code).
-    """
-
-    refresh: str | int = "step"
-    warmup_steps: int = 0
-
-    def __post_init__(self) -> None:
-        valid = self.refresh in ("step", "epoch") or (isinstance(self.refresh, int) and self.refresh >= 1)
-        if not valid:
-            raise ValueError(f"refresh must be 'step', 'epoch' or a positive integer, got {self.refresh!r}")
-        if self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be >= 0, got {self.warmup_steps}")
 
 
 @dataclass
@@ -75,9 +57,8 @@ class LayerState:
 class Attachment:
     """Handle returned by `attach`: drives the schedule, reports statistics, and detaches."""
 
-    def __init__(self, policy: Policy, schedule: Schedule, seed: int) -> None:
-        self.policy = policy
-        self.schedule = schedule
+    def __init__(self, config: CompressionConfig, seed: int) -> None:
+        self.config = config
         self.seed = seed
         self.layers: list[LayerState] = []
         self.observers: list[GradientObserver] = []
@@ -88,7 +69,7 @@ class Attachment:
     def begin_step(self, step: int, epoch_start: bool = False) -> None:
         """Call before each training step's backward: decides whether statistics are refreshed."""
         self.step = step
-        refresh = self.schedule.refresh
+        refresh = self.config.refresh
         due = (
             refresh == "step"
             or (refresh == "epoch" and epoch_start)
@@ -98,8 +79,12 @@ class Attachment:
             layer.refresh = layer.refresh or due
 
     @property
+    def policy(self) -> Policy:
+        return self.config.policy
+
+    @property
     def active(self) -> bool:
-        return self.step >= self.schedule.warmup_steps
+        return self.step >= self.config.warmup_steps
 
     # --- the backward side ----------------------------------------------------------------------------------
     def _seed(self, layer: LayerState, stream: int) -> int:
@@ -112,10 +97,8 @@ class Attachment:
                 observe(layer.name, g)
         if not self.active:
             return g
-        if weight_path:
-            out = self.policy.compress_weight_path(g, layer.stats, layer.refresh, self._seed(layer, 1))
-        else:
-            out = self.policy.compress(g, layer.stats, layer.refresh, self._seed(layer, 0))
+        seed = self._seed(layer, 1 if weight_path else 0)
+        out = compress(self.policy, g, layer.stats, layer.refresh, seed, weight_path)
         if count:
             layer.refresh = False
             zeros = _count_zeros(out)
@@ -144,14 +127,15 @@ class Attachment:
         return sum(zeros for zeros, _ in counts) / elements if elements else None
 
     def layer_summary(self, total: Reduce | None = None) -> dict[str, dict]:
-        """Per layer: achieved sparsity (counts summed by `total`, as in `sparsity`), this process's fitted
-        (mu, sigma) of ln|g|, threshold, FP scale and format."""
+        """Per layer: achieved sparsity and the elements it was counted over (summed by `total`, as in
+        `sparsity`), this process's fitted (mu, sigma) of ln|g|, threshold, FP scale and format."""
         fmt = getattr(self.policy, "format", None)
         summary = {}
         for layer, (zeros, numel) in zip(self.layers, self._counts(total), strict=True):
             stats = _leaf_stats(layer.stats)
             summary[layer.name] = {
                 "sparsity": zeros / numel if numel else None,
+                "elements": int(numel),
                 "mu": _scalar(stats.get("mu")),
                 "sigma": _scalar(stats.get("sigma")),
                 "threshold": _scalar(stats.get("threshold")),
@@ -304,34 +288,25 @@ def select_layers(
     return chosen
 
 
-def attach(
-    model: nn.Module,
-    policy: Policy | str,
-    types: Sequence[str] | None = None,
-    include: Sequence[str] = ("*",),
-    exclude: Sequence[str] = (),
-    placement: str = "output",
-    schedule: Schedule | None = None,
-    seed: int = 0,
-) -> Attachment:
-    """Compress the neural gradients of the selected layers of `model` with `policy` (see the module doc).
+def attach(model: nn.Module, config: CompressionConfig | Policy | str, seed: int = 0) -> Attachment:
+    """Compress the neural gradients of the layers of `model` that `config` selects (see the module doc);
+    a policy (or policy string) alone compresses at its own placement, refreshing statistics every step.
 
-    types: layer types to select ("conv", "linear", "bn"); by default the policy's own placement
-    (`Policy.layer_types`: convolutions for prune and fp, convolutions and linear layers for int and none).
+    `seed` keys the random bits: each element's depend on (seed, step, layer, stream) only.
     """
-    policy = parse_policy(policy)
-    types = policy.layer_types if types is None else types
-    if placement not in ("output", "input"):
-        raise ValueError(f"placement must be 'output' or 'input', got {placement!r}")
-    attachment = Attachment(policy, schedule or Schedule(), seed)
-    for index, (name, module) in enumerate(select_layers(model, types, include, exclude)):
+    if not isinstance(config, CompressionConfig):
+        config = CompressionConfig(policy=config)
+    attachment = Attachment(config, seed)
+    for index, (name, module) in enumerate(
+        select_layers(model, config.types, config.include, config.exclude)
+    ):
         layer = LayerState(name, index)
         attachment.layers.append(layer)
-        if policy.two_streams:
-            if placement != "output":
+        if config.policy.two_streams:
+            if config.placement != "output":
                 raise ValueError("two-stream policies (int) act on layer outputs; use placement='output'")
             attachment._undo.append(_wrap_forward(module, attachment, layer))
-        elif placement == "output":
+        elif config.placement == "output":
             handle = module.register_forward_hook(_output_hook(attachment, layer))
             attachment._undo.append(handle.remove)
         else:

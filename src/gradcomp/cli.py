@@ -1,4 +1,7 @@
-"""`gradcomp <verb>` (also `python -m gradcomp <verb>`): the entry point every pipeline rule calls."""
+"""`gradcomp <verb>` (also `python -m gradcomp <verb>`): the entry point every pipeline rule calls.
+
+Verbs import what they need when they run, so that e.g. `gradcomp draw` does not load torch.
+"""
 
 from __future__ import annotations
 
@@ -7,16 +10,14 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
-import torch
-from tqdm import tqdm
-
 from gradcomp import __version__
-from gradcomp._backend import COMPILE_ENV, compile_enabled, interpreter_enabled, triton_available
-from gradcomp.analysis.tables import write_table
 
 
 def _info(args: argparse.Namespace) -> None:
+    import torch
+
+    from gradcomp._backend import COMPILE_ENV, compile_enabled, interpreter_enabled, triton_available
+
     cuda = torch.cuda.is_available()
     print(f"gradcomp {__version__}, torch {torch.__version__}")
     print(f"CUDA available: {cuda}" + (f" ({torch.cuda.get_device_name()})" if cuda else ""))
@@ -26,47 +27,11 @@ def _info(args: argparse.Namespace) -> None:
     print(f"ops on CUDA tensors run: {route}; ops on CPU tensors run: vectorised torch, {cpu}")
 
 
-def _theory(args: argparse.Namespace) -> None:
-    from gradcomp import fp_theory
-
-    switch_rows, mse_rows = [], []
-    jobs = [(bits, kind) for bits in args.bits for kind in args.kinds]
-    for bits, kind in tqdm(jobs, desc="FP theory", unit="format family"):
-        for exp_bits, sigma in fp_theory.switch_points(bits, kind, sigma_max=args.sigma_max).items():
-            switch_rows.append({"bits": bits, "grid": kind, "exp_bits": exp_bits, "from_sigma_log2": sigma})
-        sigmas = torch.tensor(args.sigmas, dtype=torch.float64)
-        for exp_bits, mse in fp_theory.mse_by_exp_bits(bits, sigmas, kind).items():
-            for sigma, value in zip(args.sigmas, mse.tolist(), strict=True):
-                mse_rows.append(
-                    {
-                        "bits": bits,
-                        "grid": kind,
-                        "sigma_log2": sigma,
-                        "exp_bits": exp_bits,
-                        "relative_mse": value,
-                    }
-                )
-    write_table(
-        switch_rows,
-        args.switch_points,
-        "Sigma (log2) from which E exponent bits minimise the relative MSE at the optimal scale",
-    )
-    write_table(mse_rows, args.mse, "Relative quantization MSE of a lognormal at the MSE-optimal scale")
-
-
-def _sparsity(args: argparse.Namespace) -> None:
-    from gradcomp.analysis.synthetic import achieved_sparsity_rows
-
-    rows = achieved_sparsity_rows(args.sigmas, args.targets, args.zero_fractions, args.numel, args.seed)
-    write_table(
-        rows, args.out, "Target vs achieved sparsity of stochastic pruning on synthetic lognormal gradients"
-    )
-
-
 def _train(args: argparse.Namespace) -> None:
     import os
 
-    from gradcomp.train import TrainingInterrupted, resolve_config, train
+    from gradcomp.config import resolve_config
+    from gradcomp.train import TrainingInterrupted, train
 
     overrides = {key: getattr(args, key) for key in TRAIN_FLAGS}
     overrides["resume"] = args.resume or None
@@ -87,7 +52,8 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
-    from gradcomp.train import resolve_config, train
+    from gradcomp.config import resolve_config
+    from gradcomp.train import train
 
     spec = json.loads(args.spec)
     config = resolve_config(None, **{**spec, "out": args.out, "resume": True, "progress": False})
@@ -95,23 +61,57 @@ def _run(args: argparse.Namespace) -> None:
     print(f"{config.out}: test accuracy {summary['final_test_accuracy']:.4f}")
 
 
-def _figure(args: argparse.Namespace) -> None:
-    from gradcomp.plots import FigureInputs, experiments
+def _experiment(experiment_id: str):
+    from gradcomp.experiments import experiments
 
     registry = experiments()
-    if args.id not in registry:
-        raise SystemExit(f"unknown experiment {args.id!r}; known: {', '.join(registry)}")
-    experiment = registry[args.id]
-    runs = dict(item.split("=", 1) for item in args.runs)
-    inputs = FigureInputs(
-        {name: Path(folder) for name, folder in runs.items()},
-        json.loads(args.params),
-        Path(args.out_dir),
-        experiment.prefix,
-    )
-    np.random.seed(0)  # seaborn draws its strip-plot jitter from numpy: same inputs, same picture
-    headline = experiment.make(inputs)
-    print(f"{experiment.prefix}: {headline}")
+    if experiment_id not in registry:
+        raise SystemExit(f"unknown experiment {experiment_id!r}; known: {', '.join(registry)}")
+    return registry[experiment_id]
+
+
+def _run_folders(items: list[str]) -> dict[str, dict[int, Path]]:
+    """RUN:SEED=FOLDER items -> run -> seed -> folder."""
+    folders: dict[str, dict[int, Path]] = {}
+    for item in items:
+        key, sep, folder = item.partition("=")
+        run, colon, seed = key.rpartition(":")
+        if not (sep and colon and seed.isdigit()):
+            raise SystemExit(f"--runs items are RUN:SEED=FOLDER, got {item!r}")
+        folders.setdefault(run, {})[int(seed)] = Path(folder)
+    return folders
+
+
+def _compute(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from gradcomp.analysis.runs import load_groups
+    from gradcomp.analysis.tables import write_result
+
+    experiment = _experiment(args.id)
+    section = json.loads(Path(args.settings).read_text()) if args.settings else {}
+    settings = experiment.params.from_config(section, f"experiments.{args.id}")
+    groups = load_groups(_run_folders(args.runs))
+    np.random.seed(0)  # anything drawing from numpy's global generator: same inputs, same numbers
+    result = experiment.compute(settings, groups)
+    record = write_result(result, experiment.id, experiment.title, Path(args.out_dir) / experiment.prefix)
+    print(f"{experiment.prefix}: {json.dumps(record.headline)}")
+    for comparison in record.comparisons:
+        print(f"  {comparison['statement']}")
+
+
+def _draw(args: argparse.Namespace) -> None:
+    import numpy as np
+
+    from gradcomp.analysis.tables import Record
+    from gradcomp.plots.style import save_figure
+
+    path = Path(args.numbers)
+    record = Record.load(path)
+    experiment = _experiment(record.id)
+    np.random.seed(0)  # seaborn draws its strip-plot jitter from numpy: same numbers, same picture
+    for written in save_figure(experiment.draw(record), record.title, path.with_suffix("")):
+        print(written)
 
 
 def _summary(args: argparse.Namespace) -> None:
@@ -148,32 +148,6 @@ def build_parser() -> argparse.ArgumentParser:
         run=_info
     )
 
-    theory = verbs.add_parser(
-        "theory", help="analytic FP quantization MSE of a lognormal and optimal E/M split"
-    )
-    theory.add_argument("--bits", type=int, nargs="+", default=[4, 5, 6, 8])
-    theory.add_argument(
-        "--kinds", nargs="+", default=["ideal", "saturate", "inf"], choices=["ideal", "saturate", "inf"]
-    )
-    theory.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 2.0, 3.0, 4.0])
-    theory.add_argument("--sigma-max", type=float, default=20.0)
-    theory.add_argument(
-        "--switch-points", required=True, help="CSV path (a Markdown copy is written beside it)"
-    )
-    theory.add_argument("--mse", required=True, help="CSV path (a Markdown copy is written beside it)")
-    theory.set_defaults(run=_theory)
-
-    sparsity = verbs.add_parser(
-        "sparsity", help="target vs achieved pruning sparsity on synthetic lognormal data"
-    )
-    sparsity.add_argument("--sigmas", type=float, nargs="+", default=[1.0, 2.0, 3.0])
-    sparsity.add_argument("--targets", type=float, nargs="+", default=[0.5, 0.7, 0.8, 0.85, 0.9, 0.95])
-    sparsity.add_argument("--zero-fractions", type=float, nargs="+", default=[0.0, 0.3])
-    sparsity.add_argument("--numel", type=int, default=1 << 18)
-    sparsity.add_argument("--seed", type=int, default=0)
-    sparsity.add_argument("--out", required=True, help="CSV path (a Markdown copy is written beside it)")
-    sparsity.set_defaults(run=_sparsity)
-
     train = verbs.add_parser("train", help="train a timm model with compressed neural gradients")
     train.add_argument("--config", help="YAML file of training config keys (flags override it)")
     for flag, (kind, text) in TRAIN_FLAGS.items():
@@ -189,12 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--out", required=True, help="output directory")
     run.set_defaults(run=_run)
 
-    figure = verbs.add_parser("figure", help="one experiment's figure, table and headline numbers")
-    figure.add_argument("id", help="experiment ID, e.g. A5")
-    figure.add_argument("--runs", nargs="*", default=[], help="NAME=FOLDER of finished training runs")
-    figure.add_argument("--params", default="{}", help="JSON: the experiment's config section")
-    figure.add_argument("--out-dir", required=True)
-    figure.set_defaults(run=_figure)
+    compute = verbs.add_parser("compute", help="one experiment's numbers (JSON, CSV, Markdown) from its runs")
+    compute.add_argument("id", help="experiment ID, e.g. A5")
+    compute.add_argument("--settings", help="JSON file: the experiment's config section (default: none)")
+    compute.add_argument("--runs", nargs="*", default=[], help="RUN:SEED=FOLDER of finished training runs")
+    compute.add_argument("--out-dir", required=True)
+    compute.set_defaults(run=_compute)
+
+    draw = verbs.add_parser("draw", help="one experiment's figure (PNG, PDF) from the JSON its compute wrote")
+    draw.add_argument("numbers", help="the experiment's <ID>_<slug>.json")
+    draw.set_defaults(run=_draw)
 
     summary = verbs.add_parser("summary", help="SUMMARY.md from every experiment's headline numbers")
     summary.add_argument("--figures", required=True, help="folder of the experiments' outputs")

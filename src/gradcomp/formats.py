@@ -10,16 +10,18 @@
   only +-0 and magnitudes below the smallest normal round (by the active rounding mode) to 0 or to it.
 
 Formats are limited to grids that float32 represents exactly (every value is a float32), because the ops
-compute in float32.
+compute in float32. The descriptor itself needs no torch (only its grid enumerations do), so that configs
+naming formats are validated without importing it.
 """
 
 from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
-import torch
+if TYPE_CHECKING:
+    import torch
 
 Overflow = Literal["saturate", "inf"]
 _NAME = re.compile(r"^e(\d+)m(\d+)((?:-(?:inf|nosub|b-?\d+))*)$")
@@ -104,11 +106,15 @@ class FPFormat:
         """All distinct finite values (negative, zero, positive), sorted, float64; formats up to 16 bits."""
         if self.bits > 16:
             raise ValueError(f"values() enumerates formats of at most 16 bits; {self.name} has {self.bits}")
+        import torch
+
         positive = self.positive_values()
         return torch.cat([-positive.flip(0), positive.new_zeros(1), positive])
 
     def positive_values(self) -> torch.Tensor:
         """The positive finite values, sorted, as float64 (the grid the MSE theory integrates over)."""
+        import torch
+
         levels = torch.arange(2**self.man_bits, dtype=torch.float64) / 2**self.man_bits
         parts = []
         if self.subnormals:

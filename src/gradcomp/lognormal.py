@@ -203,40 +203,61 @@ def gaussian_sparsity(t: Tensor) -> Tensor:
 
 def laplace_sparsity(r: Tensor) -> Tensor:
     """Expected sparsity of stochastic pruning at threshold r*b for |g| ~ Exp(b) (section 2.5.4)."""
-    return 1 - 1 / r + torch.exp(-r) / r
+    return (r + torch.expm1(-r)) / r  # = 1 - 1/r + exp(-r)/r, with less cancellation at small r
 
 
-def _prior_threshold(sparsity: Tensor, value_and_slope, iterations: int) -> Tensor:
-    """Solve an increasing prior sparsity curve S(t) = sparsity for t > 0, in ln t."""
-    sparsity = torch.as_tensor(sparsity, dtype=torch.float64)
+def _gaussian_value_and_slope(t: Tensor) -> tuple[Tensor, Tensor]:
+    return gaussian_sparsity(t), _SQRT_2_OVER_PI * (-torch.expm1(-t * t / 2)) / (t * t)
+
+
+def _laplace_value_and_slope(r: Tensor) -> tuple[Tensor, Tensor]:
+    decay = torch.exp(-r)
+    return laplace_sparsity(r), (1 - decay - r * decay) / (r * r)
+
+
+_PRIORS = {"gaussian": _gaussian_value_and_slope, "laplace": _laplace_value_and_slope}
+_PRIOR_Z = (-7.5, 6.5, 512)  # grid of z = Phi^-1(sparsity) of the prior thresholds' starting tables
+
+
+def _prior_problem(prior: str, sparsity: Tensor):
+    """(fn, lo, hi) of the prior's increasing sparsity curve S(t) = sparsity in u = ln t."""
+    value_and_slope = _PRIORS[prior]
 
     def fn(u: Tensor) -> tuple[Tensor, Tensor]:
         t = torch.exp(u)
         value, slope = value_and_slope(t)
         return value, slope * t
 
-    lo = torch.full_like(sparsity, -20.0)
-    hi = 2 - torch.log1p(-sparsity.clamp(max=1 - 1e-12))
-    return torch.exp(_solve_increasing(fn, sparsity, lo, hi, iterations))
+    return fn, torch.full_like(sparsity, -20.0), 2 - torch.log1p(-sparsity.clamp(max=1 - 1e-12))
 
 
-def gaussian_normalized_threshold(sparsity: Tensor, iterations: int = 60) -> Tensor:
+@functools.cache
+def _prior_table(prior: str, device: torch.device) -> Tensor:
+    """ln t of the prior on the z grid, solved once to float64 precision from the bracket's middle."""
+    sparsity = ndtr(torch.linspace(*_PRIOR_Z, dtype=torch.float64, device=device))
+    fn, lo, hi = _prior_problem(prior, sparsity)
+    return _solve_increasing(fn, sparsity, lo, hi, iterations=80)
+
+
+def _prior_threshold(prior: str, sparsity: Tensor, iterations: int) -> Tensor:
+    """t with S(t) = sparsity for the prior's curve: safeguarded Newton in ln t from the tabulated root
+    (linear interpolation in z), as `normalized_threshold` does for the lognormal."""
+    sparsity = torch.as_tensor(sparsity, dtype=torch.float64)
+    table = _prior_table(prior, sparsity.device)
+    index, fraction = _grid_position(ndtri(sparsity), _PRIOR_Z, _TENSORS)
+    start = table[index] + (table[index + 1] - table[index]) * fraction
+    fn, lo, hi = _prior_problem(prior, sparsity)
+    return torch.exp(_solve_increasing(fn, sparsity, lo, hi, iterations, start))
+
+
+def gaussian_normalized_threshold(sparsity: Tensor, iterations: int = 4) -> Tensor:
     """t with gaussian_sparsity(t) = sparsity; the threshold is t * s for a Gaussian of std s."""
-
-    def value_and_slope(t: Tensor) -> tuple[Tensor, Tensor]:
-        return gaussian_sparsity(t), _SQRT_2_OVER_PI * (-torch.expm1(-t * t / 2)) / (t * t)
-
-    return _prior_threshold(sparsity, value_and_slope, iterations)
+    return _prior_threshold("gaussian", sparsity, iterations)
 
 
-def laplace_normalized_threshold(sparsity: Tensor, iterations: int = 60) -> Tensor:
+def laplace_normalized_threshold(sparsity: Tensor, iterations: int = 4) -> Tensor:
     """r with laplace_sparsity(r) = sparsity; the threshold is r * b for |g| ~ Exp(b), b = mean|g|."""
-
-    def value_and_slope(r: Tensor) -> tuple[Tensor, Tensor]:
-        decay = torch.exp(-r)
-        return laplace_sparsity(r), (1 - decay - r * decay) / (r * r)
-
-    return _prior_threshold(sparsity, value_and_slope, iterations)
+    return _prior_threshold("laplace", sparsity, iterations)
 
 
 def cosine_similarity(alpha_n: Tensor, sigma: Tensor) -> Tensor:

@@ -1,44 +1,32 @@
-"""Named, config-selectable gradient compressors.
+"""Named, config-selectable gradient compressors: what to do with a layer's neural gradient.
 
-A policy says *what* to do with a layer's neural gradient; `gradcomp.attach` says *where*. Policies are
-small frozen dataclasses registered by name and built from a string ``NAME[:key=value,...]`` (chains joined
-by ``+``), e.g. ``prune:sparsity=0.85,estimator=gaussian+fp:format=e4m1``, or from a YAML mapping
-``{name: prune, sparsity: 0.85}`` (a list of mappings for a chain).
+A policy is a small frozen dataclass, registered by name and built from a string ``NAME[:key=value,...]``
+(chains joined by ``+``), e.g. ``prune:sparsity=0.85,estimator=gaussian+fp:format=e4m1``, or from a YAML
+mapping ``{name: prune, sparsity: 0.85}`` (a list of mappings for a chain). It says *what*;
+`gradcomp.compress` says *how* (the torch ops it runs), and `gradcomp.attach` *where*. This module imports
+no torch, so configs are validated (e.g. while Snakemake parses the workflow) without it.
 
-Each policy compresses with per-layer statistics held in a `LayerStats` (on the gradient's device): they are
-refreshed from the current gradient when the attachment says so (every step, every K steps or once per
-epoch) and reused otherwise, so no policy ever synchronises with the host.
+Policies describe themselves for analyses and figures: `label` (a short name), `family` (the group a figure
+legend puts it in) and `bits_per_element` (what the compressed gradient takes in storage), so that no caller
+needs to switch on policy classes.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
-import torch
 import yaml
-from torch import Tensor
 
-from gradcomp import fp_theory
 from gradcomp.formats import FPFormat, parse_format
-from gradcomp.lognormal import cosine_threshold, fit_lognormal
-from gradcomp.ops import (
-    gaussian_threshold,
-    laplace_threshold,
-    log_moments,
-    lognormal_threshold_from_moments,
-    quantize_fp,
-    quantize_int,
-    stochastic_prune,
-    topk_threshold,
-)
 
-_LN2 = math.log(2.0)
 POLICIES: dict[str, type[Policy]] = {}
+FLOAT32_BITS = 32
+ESTIMATORS = ("lognormal", "gaussian", "laplace", "topk")
+SCALINGS = ("per_layer_mean", "per_layer_optimal", "global")
 
 
 def register(name: str):
@@ -50,53 +38,54 @@ def register(name: str):
     return wrap
 
 
-@dataclass
-class LayerStats:
-    """What a layer's compressor remembers between refreshes (0-d tensors on the gradient's device)."""
-
-    mu: Tensor | None = None  # mean of ln|g| over non-zeros
-    sigma: Tensor | None = None  # std of ln|g|
-    threshold: Tensor | None = None  # pruning alpha
-    scale: Tensor | None = None  # FP scale (a power of two)
-    parts: list[LayerStats] = field(default_factory=list)  # one per member of a chain
-
-
 class Policy:
-    """Base of all policies: `compress(g, stats, refresh, seed)` returns the compressed gradient."""
+    """Base of all policies."""
 
     name: ClassVar[str] = "policy"
     two_streams: ClassVar[bool] = False  # True when activation- and weight-gradient paths differ
     # where the policy acts unless told otherwise (see `attach`): the placement of the paper it reproduces
     layer_types: ClassVar[tuple[str, ...]] = ("conv", "linear")
 
-    def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        raise NotImplementedError
-
-    def compress_weight_path(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        """The gradient fed to the weight-gradient GEMM (the same as `compress` unless two_streams)."""
-        return self.compress(g, stats, refresh, seed)
-
     def describe(self) -> str:
+        """The policy string, parsed back by `parse_policy` (parameters at their default are kept)."""
         values = ((f.name, getattr(self, f.name)) for f in dataclasses.fields(self) if f.init)
         args = ",".join(f"{key}={value}" for key, value in values if value is not None)  # None: the default
         return f"{self.name}:{args}" if args else self.name
 
+    @property
+    def label(self) -> str:
+        """A short name for figures and tables, e.g. ``prune 0.85``, ``FP6 [1,4,1]``, ``int4 BHQ``."""
+        raise NotImplementedError
 
-def _refresh_log_stats(g: Tensor, stats: LayerStats) -> Tensor:
-    """Fit (mu, sigma) of ln|g| from one fused reduction; returns the moments."""
-    moments = log_moments(g.detach())
-    stats.mu, stats.sigma = fit_lognormal(moments)
-    return moments
+    @property
+    def family(self) -> str:
+        """The group a figure legend puts the policy in (X1)."""
+        raise NotImplementedError
+
+    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
+        """Bits the compressed neural gradient takes per element in storage, summed over every copy the
+        backward pass keeps, given a run's summary (its measured sparsity and per-layer statistics); `then`
+        is the policy that codes this one's output next in a chain. Scales (one per layer, row or column)
+        are neglected. A dense code followed by another stores the later one."""
+        return then.bits_per_element(summary) if then is not None else self._dense_bits()
+
+    def _dense_bits(self) -> float:
+        raise NotImplementedError
 
 
 @register("none")
 @dataclass(frozen=True)
 class NoCompression(Policy):
-    def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        return g
+    @property
+    def label(self) -> str:
+        return "none"
 
+    @property
+    def family(self) -> str:
+        return "none"
 
-THRESHOLDS = {"gaussian": gaussian_threshold, "laplace": laplace_threshold, "topk": topk_threshold}
+    def _dense_bits(self) -> float:
+        return float(FLOAT32_BITS)
 
 
 @register("prune")
@@ -121,7 +110,7 @@ class Prune(Policy):
     def __post_init__(self) -> None:
         if not 0 <= self.sparsity < 1:
             raise ValueError(f"prune: sparsity must be in [0, 1), got {self.sparsity}")
-        if self.estimator not in ("lognormal", *THRESHOLDS):
+        if self.estimator not in ESTIMATORS:
             raise ValueError(
                 f"prune: estimator must be lognormal, gaussian, laplace or topk, got {self.estimator!r}"
             )
@@ -131,21 +120,41 @@ class Prune(Policy):
             if self.estimator != "lognormal":
                 raise ValueError("prune: min_cosine needs estimator=lognormal")
 
-    def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        if refresh or stats.threshold is None:
-            moments = _refresh_log_stats(g, stats)
-            if self.estimator == "lognormal":
-                threshold = lognormal_threshold_from_moments(moments, g.numel(), self.sparsity)
-                if self.min_cosine is not None:
-                    alpha_n = cosine_threshold(stats.sigma, self.min_cosine, self.truncation)
-                    threshold = torch.fmin(threshold, alpha_n * torch.exp(stats.mu))  # NaN: no constraint
-                stats.threshold = threshold.float()
-            else:
-                stats.threshold = THRESHOLDS[self.estimator](g.detach(), self.sparsity).float()
-        return stochastic_prune(g, stats.threshold, seed=seed)
+    @property
+    def label(self) -> str:
+        label = f"prune {self.sparsity:g}"
+        if self.estimator != "lognormal":
+            label += f" {self.estimator}"
+        if self.min_cosine is not None:
+            label += f" cos>={self.min_cosine:g}"
+        return label
+
+    @property
+    def family(self) -> str:
+        return "prune, lognormal" if self.estimator == "lognormal" else "prune, other threshold"
+
+    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
+        """A 1-bit occupancy mask per element (the cheaper position code down to about 1/log2(numel)
+        density), plus, per survivor, a sign when it sits at +-alpha or a float32 beyond alpha; with `then`,
+        every survivor in `then`'s code instead."""
+        density = 1.0 - float(summary["gradient_sparsity"])
+        if then is not None:
+            return 1.0 + density * then.bits_per_element(summary)
+        return 1.0 + density + (FLOAT32_BITS - 1) * _beyond_threshold_share(summary["layers"])
 
 
-SCALINGS = ("per_layer_mean", "per_layer_optimal", "global")
+def _beyond_threshold_share(layers: Mapping[str, Mapping[str, Any]]) -> float:
+    """Share of all elements whose magnitude exceeds the layer's threshold (kept as they are), from each
+    layer's lognormal fit, weighted by the layer's elements where the summary has them."""
+    total, weight = 0.0, 0.0
+    for layer in layers.values():
+        if not (layer.get("threshold") and layer.get("sigma") and math.isfinite(layer["sigma"])):
+            continue
+        z = (math.log(layer["threshold"]) - layer["mu"]) / layer["sigma"]
+        elements = float(layer.get("elements") or 1.0)
+        total += elements * 0.5 * math.erfc(z / math.sqrt(2))
+        weight += elements
+    return total / weight if weight else 0.0
 
 
 @register("fp")
@@ -182,41 +191,29 @@ class FloatingPoint(Policy):
     def fmt(self) -> FPFormat:
         return self._fmt
 
-    def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        if refresh or stats.scale is None:
-            stats.scale = self._scale(g, stats)
-        return quantize_fp(g, self._fmt, scale=stats.scale, rounding=self.rounding, seed=seed)
+    @property
+    def format_label(self) -> str:
+        """e.g. ``FP6 [1,4,1]``: bits and [sign, exponent, mantissa], the papers' notation."""
+        return f"FP{self.fmt.bits} [1,{self.fmt.exp_bits},{self.fmt.man_bits}]"
 
-    def _scale(self, g: Tensor, stats: LayerStats) -> Tensor:
+    @property
+    def scaling_label(self) -> str:
         if self.scaling == "global":
-            return torch.tensor(self.global_scale, device=g.device)
-        _refresh_log_stats(g, stats)
-        return torch.exp2(self.layer_log2_scale(stats.mu / _LN2, stats.sigma / _LN2)).float()
+            return f"global 2^{math.log2(self.global_scale):g}"
+        return {"per_layer_mean": "per-layer mean", "per_layer_optimal": "per-layer min-MSE"}[self.scaling]
 
-    def layer_log2_scale(self, mu2: Tensor, sigma2: Tensor) -> Tensor:
-        """log2 of the per-layer power-of-two scale for a layer whose log2|g| has mean mu2 and std sigma2
-        (0-d tensors, on their device); what `compress` uses, and what analyses predict from."""
-        if self.scaling == "per_layer_mean":
-            log2_scale = -mu2 - 3
-        else:
-            sigmas, offsets = (t.to(mu2.device) for t in _optimal_scale_table(self._fmt))
-            log2_scale = _interpolate(sigma2.clamp(sigmas[0], sigmas[-1]), sigmas, offsets) - mu2
-        log2_scale = torch.nan_to_num(log2_scale, nan=0.0).clamp(-120, 120)  # an all-zero gradient: any scale
-        return torch.round(log2_scale)
+    @property
+    def label(self) -> str:
+        scaling = "" if self.scaling == "per_layer_mean" else f" {self.scaling_label}"
+        rounding = " SR" if self.rounding == "stochastic" else ""
+        return f"{self.format_label}{scaling}{rounding}"
 
+    @property
+    def family(self) -> str:
+        return "FP, global scale" if self.scaling == "global" else "FP, per-layer scale"
 
-@functools.lru_cache(maxsize=64)
-def _optimal_scale_table(fmt: FPFormat) -> tuple[Tensor, Tensor]:
-    """MSE-optimal log2 scale of a lognormal with log2-mean 0, against its sigma (log2 units), for `fmt`."""
-    sigmas = torch.linspace(0.1, 8.0, 40, dtype=torch.float64)
-    return sigmas, fp_theory.optimal_log2_scale(fmt.positive_values(), sigmas)[0]
-
-
-def _interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
-    """Piecewise-linear interpolation on a sorted grid, on device (no host sync)."""
-    index = torch.searchsorted(xs, x.reshape(1)).clamp(1, xs.numel() - 1)
-    x0, x1, y0, y1 = xs[index - 1], xs[index], ys[index - 1], ys[index]
-    return (y0 + (x - x0) * (y1 - y0) / (x1 - x0)).reshape(())
+    def _dense_bits(self) -> float:
+        return float(self.fmt.bits)
 
 
 @register("int")
@@ -234,8 +231,10 @@ class Integer(Policy):
     two_streams: ClassVar[bool] = True
 
     def __post_init__(self) -> None:
-        if not isinstance(self.bits, int) or not 1 <= self.bits <= 16:
-            raise ValueError(f"int: bits must be an integer in [1, 16], got {self.bits!r}")
+        for key in ("bits", "weight_bits"):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= 16:
+                raise ValueError(f"int: {key} must be an integer in [1, 16], got {value!r}")
         if self.scheme not in ("ptq", "psq", "bhq"):
             raise ValueError(f"int: scheme must be ptq, psq or bhq, got {self.scheme!r}")
         if self.weight_scheme not in ("auto", "same", "ptq", "column", "none"):
@@ -243,21 +242,25 @@ class Integer(Policy):
                 f"int: weight_scheme must be auto, same, ptq, column or none, got {self.weight_scheme!r}"
             )
 
-    def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        return quantize_int(g, self.bits, self.scheme, seed=seed)
+    @property
+    def weight_path(self) -> str:
+        """The weight-gradient path's quantizer: ptq, column, same or none (auto resolved)."""
+        if self.weight_scheme == "auto":
+            return "ptq" if self.scheme == "ptq" else "column"
+        return self.weight_scheme
 
-    def compress_weight_path(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        scheme = self.weight_scheme
-        if scheme == "auto":
-            scheme = "ptq" if self.scheme == "ptq" else "column"
-        if scheme == "same":
-            return self.compress(g, stats, refresh, seed)
-        if scheme == "none":
-            return g
-        if scheme == "column":  # one scale per feature (flattened channel, row, column) across the batch
-            columns = g.reshape(g.shape[0], -1).t() if g.dim() > 1 else g.reshape(1, -1)
-            return quantize_int(columns, self.weight_bits, "psq", seed=seed).t().reshape(g.shape)
-        return quantize_int(g, self.weight_bits, "ptq", seed=seed)
+    @property
+    def label(self) -> str:
+        return f"int{self.bits} {self.scheme.upper()}"
+
+    @property
+    def family(self) -> str:
+        return f"int {self.scheme.upper()}"
+
+    def _dense_bits(self) -> float:
+        """Two copies: the b-bit activation path and the weight path (8-bit by default, float32 if exact)."""
+        weight = {"same": self.bits, "none": FLOAT32_BITS}.get(self.weight_path, self.weight_bits)
+        return float(self.bits + weight)
 
 
 @dataclass(frozen=True)
@@ -279,19 +282,24 @@ class Chain(Policy):
     def describe(self) -> str:
         return "+".join(p.describe() for p in self.policies)
 
-    def compress(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        return self._run(g, stats, refresh, seed, weight_path=False)
+    @property
+    def label(self) -> str:
+        return " + ".join(p.label for p in self.policies)
 
-    def compress_weight_path(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int) -> Tensor:
-        return self._run(g, stats, refresh, seed, weight_path=True)
+    @property
+    def family(self) -> str:
+        return " + ".join(dict.fromkeys(p.family.split(",")[0] for p in self.policies))
 
-    def _run(self, g: Tensor, stats: LayerStats, refresh: bool, seed: int, weight_path: bool) -> Tensor:
-        if len(stats.parts) != len(self.policies):
-            stats.parts = [LayerStats() for _ in self.policies]
-        for index, (policy, own) in enumerate(zip(self.policies, stats.parts, strict=True)):
-            step = policy.compress_weight_path if weight_path else policy.compress
-            g = step(g, own, refresh, seed + 7919 * index)
-        return g
+    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
+        first, *rest = self.policies
+        following = [*rest, then] if then is not None else rest
+        return first.bits_per_element(summary, _chain(following))
+
+
+def _chain(policies: Sequence[Policy]) -> Policy | None:
+    if not policies:
+        return None
+    return policies[0] if len(policies) == 1 else Chain(tuple(policies))
 
 
 def parse_policy(spec: str | Mapping[str, Any] | Sequence[Mapping[str, Any]] | Policy) -> Policy:
@@ -299,15 +307,14 @@ def parse_policy(spec: str | Mapping[str, Any] | Sequence[Mapping[str, Any]] | P
     if isinstance(spec, Policy):
         return spec
     if isinstance(spec, str):
-        parts = [part.strip() for part in spec.split("+")]
-        policies = [_parse_one(part) for part in parts]
+        policies = [_parse_one(part.strip()) for part in spec.split("+")]
     elif isinstance(spec, Mapping):
         policies = [_build(spec.get("name"), {k: v for k, v in spec.items() if k != "name"})]
     elif isinstance(spec, Sequence):
         policies = [parse_policy(item) for item in spec]
     else:
         raise TypeError(f"cannot build a policy from {type(spec).__name__}")
-    return policies[0] if len(policies) == 1 else Chain(tuple(policies))
+    return _chain(policies)
 
 
 def _parse_one(text: str) -> Policy:

@@ -42,100 +42,16 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from gradcomp.attach import Attachment, Schedule, attach, select_layers
+from gradcomp.attach import Attachment, attach, select_layers
+from gradcomp.config import TrainConfig
 from gradcomp.data import ImageFolderSet, ImageSet, load_split
 from gradcomp.distributed import ALONE, Processes, setup
 from gradcomp.models import create_model
-from gradcomp.policies import NoCompression, Policy, parse_policy
+from gradcomp.policies import NoCompression
 from gradcomp.probe import Probe, ProbeConfig
 from gradcomp.qat import quantize_forward
 
 CHECKPOINT = "checkpoint.pt"
-DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
-    "fashion-mnist": {"model": "resnet18", "batch_size": 128, "lr": 0.05, "epochs": 1},
-    "cifar10": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
-    "cifar100": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
-    "imagenet": {"model": "resnet18", "batch_size": 256, "lr": 0.1, "epochs": 90, "weight_decay": 1e-4},
-    "synthetic": {"model": "resnet10t", "batch_size": 32, "lr": 0.05, "epochs": 2},
-}
-
-
-@dataclass
-class TrainConfig:
-    out: str = "runs/train"
-    model: str = "resnet18"
-    dataset: str = "fashion-mnist"
-    data_dir: str | None = None
-    subset_per_class: int | None = None
-    test_subset_per_class: int | None = None
-    cifar_stem: bool = False
-    model_kwargs: dict = field(default_factory=dict)
-    # compression
-    policy: Any = "none"
-    layer_types: list | None = None  # None: the policy's placement (Policy.layer_types)
-    include: list = field(default_factory=lambda: ["*"])
-    exclude: list = field(default_factory=list)
-    placement: str = "output"
-    refresh: Any = "step"  # "step", "epoch" or an integer K
-    warmup_steps: int = 0
-    # optimisation
-    epochs: int = 1
-    max_steps: int | None = None
-    batch_size: int = 128
-    eval_batch_size: int = 500
-    optimizer: str = "sgd"
-    lr: float = 0.05
-    momentum: float = 0.9
-    weight_decay: float = 5e-4
-    lr_schedule: str = "cosine"
-    warmup_epochs: float = 0.0
-    milestones: list = field(default_factory=list)  # epochs, for lr_schedule=step
-    gamma: float = 0.1
-    label_smoothing: float = 0.0
-    max_skipped_steps: int = 20
-    checkpoint_every: int | None = None  # also checkpoint every N steps (an epoch's checkpoint always)
-    reduce_statistics: bool = False  # report compression sparsity summed over all ranks (else rank 0's)
-    workers: int = 4  # DataLoader workers for streamed datasets (ImageNet)
-    # run
-    seed: int = 0
-    device: str = "auto"
-    threads: int | None = None
-    log_every: int = 20
-    progress: bool = True
-    resume: bool = False
-    probe: dict | None = None
-    forward_bits: int | None = None  # QAT: quantize conv/linear inputs and weights in the forward pass
-
-    def __post_init__(self) -> None:
-        if self.optimizer not in ("sgd", "adamw"):
-            raise ValueError(f"optimizer must be sgd or adamw, got {self.optimizer!r}")
-        if self.lr_schedule not in ("cosine", "step", "constant"):
-            raise ValueError(f"lr_schedule must be cosine, step or constant, got {self.lr_schedule!r}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "checkpoint_every"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-
-
-def resolve_config(file: str | Path | None = None, **overrides: Any) -> TrainConfig:
-    """Defaults, then the dataset's defaults, then the YAML file, then explicit overrides (None = unset)."""
-    values: dict[str, Any] = {}
-    if file is not None:
-        values = yaml.safe_load(Path(file).read_text()) or {}
-        if not isinstance(values, dict):
-            raise ValueError(f"{file}: a training config must be a mapping of keys to values")
-    values.update({key: value for key, value in overrides.items() if value is not None})
-    known = {f.name for f in dataclasses.fields(TrainConfig)}
-    unknown = sorted(set(values) - known)
-    if unknown:
-        raise ValueError(f"unknown training config keys {unknown}; known keys: {sorted(known)}")
-    dataset = values.get("dataset", TrainConfig.dataset)
-    merged = {**DATASET_DEFAULTS.get(dataset, {}), **values}
-    if isinstance(merged.get("refresh"), str) and merged["refresh"].isdigit():
-        merged["refresh"] = int(merged["refresh"])
-    return TrainConfig(**merged)
 
 
 def _seed_everything(seed: int) -> None:
@@ -233,12 +149,7 @@ _RESUME_KEYS = (
     "model",
     "dataset",
     "subset_per_class",
-    "policy",
-    "layer_types",
-    "include",
-    "exclude",
-    "placement",
-    "refresh",
+    "compression",
     "batch_size",
     "optimizer",
     "lr",
@@ -262,10 +173,10 @@ def _load_checkpoint(path: Path, device: torch.device, config: TrainConfig, worl
         raise RuntimeError(
             f"checkpoint {path} is unreadable ({type(error).__name__}: {error}); remove it to start over"
         ) from error
-    saved = checkpoint["config"]
-    changed = [key for key in _RESUME_KEYS if saved.get(key) != getattr(config, key)]
+    saved, current = checkpoint["config"], config.to_dict()
+    changed = [key for key in _RESUME_KEYS if saved.get(key) != current[key]]
     if changed:
-        details = ", ".join(f"{key}: {saved.get(key)!r} -> {getattr(config, key)!r}" for key in changed)
+        details = ", ".join(f"{key}: {saved.get(key)!r} -> {current[key]!r}" for key in changed)
         raise ValueError(f"cannot resume {path}: the configuration changed ({details})")
     if len(checkpoint["ranks"]) != world_size:
         raise ValueError(
@@ -276,8 +187,32 @@ def _load_checkpoint(path: Path, device: torch.device, config: TrainConfig, worl
 
 
 @dataclass
+class Progress:
+    """Where a run stands: what checkpoints save and a resumed run restores."""
+
+    epoch: int = 0
+    batch: int = 0  # batches done in the current epoch
+    step: int = 0
+    wall_seconds: float = 0.0
+    best_test_accuracy: float | None = None
+    final_test_accuracy: float | None = None
+    epoch_loss: float = 0.0  # summed over the epoch's samples so far
+    epoch_correct: int = 0
+    epoch_seen: int = 0
+    skipped_steps: int = 0
+    consecutive_skips: int = 0
+    last_sparsity: float | None = None
+    layers: dict = field(default_factory=dict)  # per-layer compression figures of the last epoch
+    metrics_bytes: int = 0  # metrics.jsonl's length at the last checkpoint
+
+    def start_epoch(self) -> None:
+        self.epoch += 1
+        self.batch, self.epoch_loss, self.epoch_correct, self.epoch_seen = 0, 0.0, 0, 0
+
+
+@dataclass
 class _Run:
-    """Everything a training run holds; `state` is the part of the progress that goes into checkpoints."""
+    """Everything a training run holds; `progress` is the part that goes into checkpoints."""
 
     config: TrainConfig
     out: Path
@@ -287,31 +222,13 @@ class _Run:
     test_set: ImageSet | ImageFolderSet
     model: nn.Module
     net: nn.Module  # what the training step calls: the model, or its DistributedDataParallel wrapper
-    policy: Policy
     attachment: Attachment | None
     probe: Probe | None
     optimizer: torch.optim.Optimizer
     scheduler: torch.optim.lr_scheduler.LRScheduler
     steps_per_epoch: int
     total_steps: int
-    state: dict = field(
-        default_factory=lambda: {
-            "epoch": 0,
-            "batch": 0,
-            "step": 0,
-            "wall_seconds": 0.0,
-            "best_test_accuracy": None,
-            "final_test_accuracy": None,
-            "epoch_loss": 0.0,
-            "epoch_correct": 0,
-            "epoch_seen": 0,
-            "skipped_steps": 0,
-            "consecutive_skips": 0,
-            "last_sparsity": None,
-            "layers": {},
-            "metrics_bytes": 0,
-        }
-    )
+    progress: Progress = field(default_factory=Progress)
 
     @property
     def metrics_path(self) -> Path:
@@ -324,7 +241,7 @@ class _Run:
 
     def sparsity(self) -> float | None:
         """Sparsity since the last reset: this rank's, or all ranks' with reduce_statistics (collective)."""
-        if self.attachment is None or isinstance(self.policy, NoCompression):
+        if self.attachment is None or isinstance(self.config.policy, NoCompression):
             return None
         return self.attachment.sparsity(self._total)
 
@@ -345,13 +262,13 @@ class _Run:
 
     def _write_checkpoint(self, ranks: list[dict]) -> None:
         path = self.out / CHECKPOINT
-        self.state["metrics_bytes"] = self.metrics_path.stat().st_size
+        self.progress.metrics_bytes = self.metrics_path.stat().st_size
         checkpoint = {
             "model": self.model.state_dict(),
             "optimizer": self.optimizer.state_dict(),
             "scheduler": self.scheduler.state_dict(),
-            "state": dict(self.state),
-            "config": dataclasses.asdict(self.config),
+            "state": dataclasses.asdict(self.progress),
+            "config": self.config.to_dict(),
             "ranks": ranks,
         }
         try:
@@ -368,7 +285,7 @@ class _Run:
         self.model.load_state_dict(checkpoint["model"])
         self.optimizer.load_state_dict(checkpoint["optimizer"])
         self.scheduler.load_state_dict(checkpoint["scheduler"])
-        self.state.update(checkpoint["state"])
+        self.progress = Progress(**checkpoint["state"])
         own = checkpoint["ranks"][self.processes.rank]
         torch.set_rng_state(own["rng"]["torch"].cpu())
         random.setstate(own["rng"]["python"])
@@ -377,7 +294,7 @@ class _Run:
             self.attachment.load_state_dict(_to_device(own["attachment"], self.device))
         if self.processes.is_main:
             with self.metrics_path.open("ab") as handle:  # drop lines logged after the checkpoint
-                handle.truncate(self.state["metrics_bytes"])
+                handle.truncate(self.progress.metrics_bytes)
 
 
 def _to_device(tree: Any, device: torch.device | str) -> Any:
@@ -427,19 +344,16 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
     if config.forward_bits is not None:
         quantize_forward(model, config.forward_bits)
 
-    policy = parse_policy(config.policy)
+    compression = config.compression
     probe_config = ProbeConfig(**config.probe) if config.probe else None
-    layer_types = policy.layer_types if config.layer_types is None else config.layer_types
-    layers = (layer_types, config.include, config.exclude)
     attachment = None
-    if not isinstance(policy, NoCompression) or probe_config:
-        schedule = Schedule(config.refresh, config.warmup_steps)
+    if not isinstance(compression.policy, NoCompression) or probe_config:
         # each rank draws its own random bits (rank 0 those of a single-process run)
-        seed = config.seed + 1_000_003 * processes.rank
-        attachment = attach(model, policy, *layers, config.placement, schedule, seed=seed)
+        attachment = attach(model, compression, seed=config.seed + 1_000_003 * processes.rank)
     probe = None
     if probe_config and processes.is_main:  # the probe records rank 0's gradients
-        probe = Probe(probe_config, select_layers(model, *layers), seed=config.seed)
+        layers = select_layers(model, compression.types, compression.include, compression.exclude)
+        probe = Probe(probe_config, layers, seed=config.seed)
         attachment.observers.append(probe.observe_gradient)
     net = model
     if processes.active:
@@ -463,32 +377,31 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
         total_steps = min(total_steps, config.max_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config, steps_per_epoch, total_steps))
     return _Run(
-        config,
-        out,
-        device,
-        processes,
-        train_set,
-        test_set,
-        model,
-        net,
-        policy,
-        attachment,
-        probe,
-        optimizer,
-        scheduler,
-        steps_per_epoch,
-        total_steps,
+        config=config,
+        out=out,
+        device=device,
+        processes=processes,
+        train_set=train_set,
+        test_set=test_set,
+        model=model,
+        net=net,
+        attachment=attachment,
+        probe=probe,
+        optimizer=optimizer,
+        scheduler=scheduler,
+        steps_per_epoch=steps_per_epoch,
+        total_steps=total_steps,
     )
 
 
 def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
     """One optimizer step (skipped on every rank when the loss or gradients of any rank are not finite);
     returns the loss of the global batch."""
-    state, config = run.state, run.config
+    progress, config = run.progress, run.config
     if run.attachment is not None:
-        run.attachment.begin_step(state["step"], epoch_start=state["batch"] == 0)
+        run.attachment.begin_step(progress.step, epoch_start=progress.batch == 0)
     if run.probe is not None:
-        run.probe.begin_step(state["step"], state["epoch"])
+        run.probe.begin_step(progress.step, progress.epoch)
     images, labels = images.to(run.device), labels.to(run.device)
     buffers = list(run.model.buffers())
     saved_buffers = [buffer.clone() for buffer in buffers]  # a non-finite forward corrupts running statistics
@@ -505,67 +418,65 @@ def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
     ).tolist()
     if math.isfinite(loss_sum) and math.isfinite(grad_norms):
         run.optimizer.step()
-        state["consecutive_skips"] = 0
+        progress.consecutive_skips = 0
     else:
         for buffer, saved in zip(buffers, saved_buffers, strict=True):
             buffer.copy_(saved)
-        state["skipped_steps"] += 1
-        state["consecutive_skips"] += 1
-        if state["consecutive_skips"] > config.max_skipped_steps:
+        progress.skipped_steps += 1
+        progress.consecutive_skips += 1
+        if progress.consecutive_skips > config.max_skipped_steps:
             run.save_checkpoint()
             raise FloatingPointError(
-                f"{state['consecutive_skips']} consecutive steps had non-finite loss or gradients (step "
-                f"{state['step']}); stopped. The weights are those from before the first of them."
+                f"{progress.consecutive_skips} consecutive steps had non-finite loss or gradients (step "
+                f"{progress.step}); stopped. The weights are those from before the first of them."
             )
     with warnings.catch_warnings():  # a skipped step still advances the schedule: steps are its clock
         warnings.filterwarnings("ignore", message="Detected call of `lr_scheduler.step\\(\\)` before")
         run.scheduler.step()
     loss_value = loss_sum / run.processes.world_size
     seen = labels.numel() * run.processes.world_size
-    state["step"] += 1
-    state["batch"] += 1
-    state["epoch_loss"] += loss_value * seen if math.isfinite(loss_value) else 0.0
-    state["epoch_correct"] += int(correct)
-    state["epoch_seen"] += seen
+    progress.step += 1
+    progress.batch += 1
+    progress.epoch_loss += loss_value * seen if math.isfinite(loss_value) else 0.0
+    progress.epoch_correct += int(correct)
+    progress.epoch_seen += seen
     return loss_value
 
 
 def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
     """Evaluate, log the epoch, reset the per-epoch counters and checkpoint."""
-    state, config = run.state, run.config
+    progress, config = run.progress, run.config
     run.processes.broadcast_buffers(run.model)  # every rank evaluates rank 0's model, which is checkpointed
     test_loss, test_accuracy = evaluate(
         run.model, run.test_set, config.eval_batch_size, run.device, run.processes
     )
     sparsity = run.sparsity()
-    best = state["best_test_accuracy"]
-    state.update(
-        final_test_accuracy=test_accuracy,
-        best_test_accuracy=test_accuracy if best is None else max(best, test_accuracy),
-        last_sparsity=sparsity,
-        wall_seconds=wall_before + time.perf_counter() - started,
-        layers=run.layer_summary(),
-    )
+    best = progress.best_test_accuracy
+    progress.final_test_accuracy = test_accuracy
+    progress.best_test_accuracy = test_accuracy if best is None else max(best, test_accuracy)
+    progress.last_sparsity = sparsity
+    progress.wall_seconds = wall_before + time.perf_counter() - started
+    progress.layers = run.layer_summary()
     run.log(
         {
             "kind": "epoch",
-            "epoch": state["epoch"],
-            "step": state["step"],
-            "train_loss": state["epoch_loss"] / max(1, state["epoch_seen"]),
-            "train_accuracy": state["epoch_correct"] / max(1, state["epoch_seen"]),
+            "epoch": progress.epoch,
+            "step": progress.step,
+            "train_loss": progress.epoch_loss / max(1, progress.epoch_seen),
+            "train_accuracy": progress.epoch_correct / max(1, progress.epoch_seen),
             "test_loss": test_loss,
             "test_accuracy": test_accuracy,
             "gradient_sparsity": sparsity,
-            "skipped_steps": state["skipped_steps"],
-            "wall_seconds": state["wall_seconds"],
+            "skipped_steps": progress.skipped_steps,
+            "wall_seconds": progress.wall_seconds,
         }
     )
     if config.progress and run.processes.is_main:
         note = f", gradient sparsity {sparsity:.4f}" if sparsity is not None else ""
         tqdm.write(
-            f"epoch {state['epoch'] + 1}: test accuracy {test_accuracy:.4f}, loss {test_loss:.4f}{note}"
+            f"epoch {progress.epoch + 1}: test accuracy {test_accuracy:.4f}, loss {test_loss:.4f}{note}"
         )
-    state.update(epoch=state["epoch"] + 1, batch=0, epoch_loss=0.0, epoch_correct=0, epoch_seen=0)
+    progress.start_epoch()
     if run.attachment is not None:
         run.attachment.reset_counts()
     run.save_checkpoint()
@@ -585,92 +496,93 @@ def train(config: TrainConfig) -> dict:
 
 def _train(config: TrainConfig, processes: Processes, device: torch.device) -> dict:
     run = _build(config, processes, device)
-    state = run.state
     checkpoint_path = run.out / CHECKPOINT
     resuming = processes.any(config.resume and checkpoint_path.exists())
     if resuming:
         run.restore(_load_checkpoint(checkpoint_path, run.device, config, processes.world_size))
+    progress = run.progress
 
     def start_files() -> None:
         if not resuming:
             run.metrics_path.write_text("")
-        (run.out / "config.yaml").write_text(yaml.safe_dump(dataclasses.asdict(config), sort_keys=False))
+        (run.out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
     processes.on_main(start_files)
 
-    started, wall_before = time.perf_counter(), state["wall_seconds"]
+    started, wall_before = time.perf_counter(), progress.wall_seconds
     with _StopRequested() as stop:
-        while state["epoch"] < config.epochs and state["step"] < run.total_steps:
+        while progress.epoch < config.epochs and progress.step < run.total_steps:
             run.model.train()
             bar = tqdm(
                 total=run.steps_per_epoch,
-                initial=state["batch"],
+                initial=progress.batch,
                 leave=False,
                 dynamic_ncols=True,
-                desc=f"epoch {state['epoch'] + 1}/{config.epochs}",
+                desc=f"epoch {progress.epoch + 1}/{config.epochs}",
                 disable=not (config.progress and processes.is_main),
             )
             batches = run.train_set.batches(
                 config.batch_size,
                 True,
                 config.seed,
-                state["epoch"],
-                state["batch"],
+                progress.epoch,
+                progress.batch,
                 drop_last=True,
                 shard=processes.shard,
             )
             for images, labels in batches:
-                if state["step"] >= run.total_steps:
+                if progress.step >= run.total_steps:
                     break
                 loss = _train_step(run, images, labels)
                 bar.update()
-                if state["step"] % config.log_every == 0:
+                if progress.step % config.log_every == 0:
                     sparsity = run.sparsity()
                     run.log(
                         {
                             "kind": "step",
-                            "step": state["step"],
-                            "epoch": state["epoch"],
+                            "step": progress.step,
+                            "epoch": progress.epoch,
                             "loss": loss,
                             "lr": run.scheduler.get_last_lr()[0],
                             "gradient_sparsity": sparsity,
-                            "skipped_steps": state["skipped_steps"],
+                            "skipped_steps": progress.skipped_steps,
                         }
                     )
                     postfix = {
                         "loss": f"{loss:.3f}",
-                        "acc": f"{state['epoch_correct'] / state['epoch_seen']:.3f}",
+                        "acc": f"{progress.epoch_correct / progress.epoch_seen:.3f}",
                     }
                     if sparsity is not None:
                         postfix["sparsity"] = f"{sparsity:.3f}"
                     bar.set_postfix(postfix)
                 stopping = processes.any(stop.signal is not None)  # a signal to any rank stops them all
-                periodic = config.checkpoint_every and state["step"] % config.checkpoint_every == 0
-                if stopping or (periodic and state["batch"] < run.steps_per_epoch):
-                    state["wall_seconds"] = wall_before + time.perf_counter() - started
+                periodic = config.checkpoint_every and progress.step % config.checkpoint_every == 0
+                if stopping or (periodic and progress.batch < run.steps_per_epoch):
+                    progress.wall_seconds = wall_before + time.perf_counter() - started
                     run.save_checkpoint()
                 if stopping:
                     bar.close()
                     raise TrainingInterrupted(
-                        f"stopped by a signal at step {state['step']}; "
+                        f"stopped by a signal at step {progress.step}; "
                         f"checkpoint saved in {run.out}, rerun with --resume to continue"
                     )
             bar.close()
             _end_epoch(run, started, wall_before)
 
     summary = {
-        "final_test_accuracy": state["final_test_accuracy"],
-        "best_test_accuracy": state["best_test_accuracy"],
-        "epochs": state["epoch"],
-        "steps": state["step"],
-        "wall_seconds": state["wall_seconds"],
-        "gradient_sparsity": state["last_sparsity"],
-        "skipped_steps": state["skipped_steps"],
-        "policy": run.policy.describe(),
+        "final_test_accuracy": progress.final_test_accuracy,
+        "best_test_accuracy": progress.best_test_accuracy,
+        "epochs": progress.epoch,
+        "steps": progress.step,
+        "wall_seconds": progress.wall_seconds,
+        "gradient_sparsity": progress.last_sparsity,
+        "skipped_steps": progress.skipped_steps,
+        "policy": config.policy.describe(),
+        "seed": config.seed,
         "model": config.model,
         "dataset": config.dataset,
         "processes": processes.world_size,
-        "layers": state["layers"],
+        "layers": progress.layers,
     }
 
     def write_results() -> None:

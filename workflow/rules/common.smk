@@ -4,8 +4,15 @@ import shlex
 
 from snakemake.utils import validate
 
-from gradcomp.pipeline import check_config, experiment_runs, figure_files, run_spec
-from gradcomp.plots import experiments
+from gradcomp.experiments import experiments
+from gradcomp.pipeline import (
+    check_config,
+    experiment_reads,
+    figure_files,
+    run_folder,
+    run_spec,
+    seeds,
+)
 
 validate(config, "../schemas/config.schema.yaml")
 check_config(config)
@@ -23,44 +30,54 @@ LAUNCHER = (
 
 wildcard_constraints:
     run="[A-Za-z0-9_.-]+",
-    exp="[ABX][0-9]+",
-    slug="[a-z0-9_]+",
+    seed="[0-9]+",
+    exp="|".join(EXPERIMENTS),
+    slug="|".join(experiment.slug for experiment in EXPERIMENTS.values()),
 
 
-def run_arguments(run):
-    return shlex.quote(json.dumps(run_spec(config, run)))
+def experiment_path(exp, extension):
+    return f"{FIGURES}/{EXPERIMENTS[exp].prefix}.{extension}"
 
 
-def run_folder(run):
-    return f"{RESULTS}/runs/{run}"
+def run_summaries(wildcards):
+    return [
+        f"{run_folder(RESULTS, run, seed)}/summary.json"
+        for run, chosen in experiment_reads(config, wildcards.exp).items()
+        for seed in chosen
+    ]
 
 
-def figure_inputs(wildcards):
-    inputs = {
-        run: f"{run_folder(run)}/summary.json"
-        for run in experiment_runs(config, wildcards.exp)
-    }
-    if wildcards.exp == "A7":
-        inputs["synthetic"] = f"{FIGURES}/A7_synthetic_sparsity.csv"
-    return inputs
-
-
-def figure_params(wildcards):
-    params = dict(config["experiments"].get(wildcards.exp, {}))
-    if wildcards.exp == "A7":
-        params["synthetic_table"] = f"{FIGURES}/A7_synthetic_sparsity.csv"
-    return shlex.quote(json.dumps(params))
-
-
-def figure_runs(wildcards):
-    return " ".join(
-        f"{run}={run_folder(run)}" for run in experiment_runs(config, wildcards.exp)
+def settings_json(wildcards):
+    return shlex.quote(
+        json.dumps(EXPERIMENTS[wildcards.exp].settings(config).to_config())
     )
 
 
+def run_arguments(wildcards):
+    return " ".join(
+        f"{run}:{seed}={run_folder(RESULTS, run, seed)}"
+        for run, chosen in experiment_reads(config, wildcards.exp).items()
+        for seed in chosen
+    )
+
+
+def caption(wildcards, input):
+    """The caption the compute step generated; empty until it has run (only the report reads it)."""
+    try:
+        with open(input.numbers) as handle:
+            return json.load(handle).get("caption", "")
+    except (OSError, ValueError):
+        return ""
+
+
 def all_outputs():
-    # The run summaries are targets too: the figures of the default config are committed, and without the
-    # runs among the targets a fresh clone would count those figures as up to date and train nothing.
-    return [f"{run_folder(run)}/summary.json" for run in config["runs"]] + [
-        f"{FIGURES}/{name}" for name in figure_files(config)
+    # The run summaries and the experiments' settings files (under results/) are targets too: the figures of
+    # the default config are committed, and without them among the targets a fresh clone would count those
+    # figures as up to date and neither train nor compute anything.
+    trained = [
+        f"{run_folder(RESULTS, run, seed)}/summary.json"
+        for run in config["runs"]
+        for seed in seeds(config, run)
     ]
+    settings = [f"{RESULTS}/experiments/{exp}.json" for exp in config["experiments"]]
+    return trained + settings + [f"{FIGURES}/{name}" for name in figure_files(config)]

@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
 from gradcomp.attach import attach, select_layers
+from gradcomp.config import CompressionConfig
 from gradcomp.ops.int_quant import BlockHouseholder, Scheme, _affine_params, quantize_int
 from gradcomp.policies import Policy
 
@@ -43,7 +44,7 @@ def output_gradients(model: nn.Module, images: Tensor, labels: Tensor) -> dict[s
     one batch, as rows = samples [N, D]. Captured through an uncompressed attachment's observer, whose hook
     tolerates the in-place ops that follow some layers."""
     captured: dict[str, Tensor] = {}
-    attachment = attach(model, "none", types=LAYERS)
+    attachment = attach(model, CompressionConfig(layer_types=LAYERS))
     attachment.observers.append(lambda name, g: captured.__setitem__(name, g.detach().flatten(1).clone()))
     try:
         _loss(model, images, labels).backward()

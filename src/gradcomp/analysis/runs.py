@@ -1,85 +1,166 @@
-"""Reading finished training runs (the folders `gradcomp train` writes) for analysis."""
+"""Reading finished training runs (the folders `gradcomp train` writes), grouped by run over seeds."""
 
 from __future__ import annotations
 
+import functools
 import json
-import math
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-import torch
 import yaml
-from torch import nn
 
-from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Policy, Prune, parse_policy
+from gradcomp.analysis.seeds import Estimate
+from gradcomp.policies import Policy, parse_policy
+
+if TYPE_CHECKING:
+    from torch import nn
+
+DATASET_NAMES = {
+    "fashion-mnist": "Fashion-MNIST",
+    "cifar10": "CIFAR-10",
+    "cifar100": "CIFAR-100",
+    "imagenet": "ImageNet",
+    "synthetic": "synthetic images",
+}
 
 
-@dataclass
+@dataclass(frozen=True)
 class Run:
+    """One training run at one seed."""
+
     name: str
+    seed: int
     folder: Path
     config: dict
     summary: dict
 
-    @property
+    @functools.cached_property
     def policy(self) -> Policy:
-        return parse_policy(self.config["policy"])
+        return parse_policy(self.config["compression"]["policy"])
 
     @property
     def accuracy(self) -> float:
         return float(self.summary["final_test_accuracy"])
 
-    def metrics(self) -> list[dict]:
-        lines = (self.folder / "metrics.jsonl").read_text().splitlines()
-        return [json.loads(line) for line in lines if line.strip()]
-
-    def effective_bits(self) -> float:
-        """Bits per gradient element of the run's compressed neural gradients (activation path).
-
-        fp: 1 + E + M. int: b (per-row scales are negligible). prune: a 1-bit occupancy mask, a sign for each
-        survivor and 31 more bits for the survivors above the threshold (lognormal fraction per layer, from
-        the layer's mu, sigma and threshold); chains multiply the survivors by the next stage's bits.
-        none: 32 (float32)."""
-        return _bits(self.policy, self.summary)
+    @property
+    def sparsity(self) -> float | None:
+        return self.summary["gradient_sparsity"]
 
 
-def load_runs(folders: dict[str, Path | str]) -> dict[str, Run]:
-    runs = {}
-    for name, folder in folders.items():
-        folder = Path(folder)
-        config = yaml.safe_load((folder / "config.yaml").read_text())
-        summary = json.loads((folder / "summary.json").read_text())
-        runs[name] = Run(name, folder, config, summary)
-    return runs
+@dataclass(frozen=True)
+class RunGroup:
+    """One run of a config at every seed it was read with (the same settings but for the seed)."""
+
+    name: str
+    runs: Mapping[int, Run]
+
+    @property
+    def first(self) -> Run:
+        return self.runs[min(self.runs)]
+
+    @property
+    def seeds(self) -> list[int]:
+        return sorted(self.runs)
+
+    @property
+    def policy(self) -> Policy:
+        return self.first.policy
+
+    @property
+    def config(self) -> dict:
+        return self.first.config
+
+    @property
+    def forward_bits(self) -> int | None:
+        return self.config.get("forward_bits")
+
+    @property
+    def label(self) -> str:
+        """The policy's label, or what an uncompressed run is: fp32, or QAT with quantized forward."""
+        if self.policy.family == "none":
+            return f"QAT {self.forward_bits}-bit" if self.forward_bits else "fp32"
+        return self.policy.label
+
+    @property
+    def family(self) -> str:
+        if self.policy.family == "none":
+            return f"QAT ({self.forward_bits}-bit forward)" if self.forward_bits else "fp32"
+        return self.policy.family
+
+    def per_seed(self, value: Callable[[Run], float | None]) -> dict[int, float]:
+        """value(run) for every seed (seeds where it is None left out)."""
+        values = {seed: value(run) for seed, run in self.runs.items()}
+        return {seed: float(v) for seed, v in values.items() if v is not None}
+
+    def estimate(self, value: Callable[[Run], float | None]) -> Estimate:
+        return Estimate.of(list(self.per_seed(value).values()))
+
+    @property
+    def accuracy(self) -> dict[int, float]:
+        return self.per_seed(lambda run: run.accuracy)
+
+    def bits_per_element(self) -> dict[int, float]:
+        return self.per_seed(lambda run: run.policy.bits_per_element(run.summary))
 
 
-def _above_threshold_fraction(summary: dict) -> float:
-    fractions = []
-    for layer in summary["layers"].values():
-        if layer.get("threshold") and layer.get("sigma"):
-            z = (math.log(layer["threshold"]) - layer["mu"]) / layer["sigma"]
-            fractions.append(0.5 * math.erfc(z / math.sqrt(2)))
-    return sum(fractions) / len(fractions) if fractions else 0.0
+def load_run(name: str, seed: int, folder: Path | str) -> Run:
+    folder = Path(folder)
+    config = yaml.safe_load((folder / "config.yaml").read_text())
+    summary = json.loads((folder / "summary.json").read_text())
+    return Run(name, seed, folder, config, summary)
 
 
-def _bits(policy: Policy, summary: dict) -> float:
-    if isinstance(policy, NoCompression):
-        return 32.0
-    if isinstance(policy, FloatingPoint):
-        return float(1 + policy.fmt.exp_bits + policy.fmt.man_bits)
-    if isinstance(policy, Integer):
-        return float(policy.bits)
-    if isinstance(policy, Prune):
-        density = 1.0 - float(summary["gradient_sparsity"])
-        return 1.0 + density + 31.0 * _above_threshold_fraction(summary)
-    if isinstance(policy, Chain) and len(policy.policies) == 2 and isinstance(policy.policies[0], Prune):
-        density = 1.0 - float(summary["gradient_sparsity"])
-        return 1.0 + density * _bits(policy.policies[1], summary)
-    raise ValueError(f"no bit count for policy {policy.describe()}")
+def load_groups(folders: Mapping[str, Mapping[int, Path | str]]) -> dict[str, RunGroup]:
+    """Run name -> seed -> folder, read into one RunGroup per run (in the order given)."""
+    return {
+        name: RunGroup(name, {seed: load_run(name, seed, folder) for seed, folder in sorted(seeds.items())})
+        for name, seeds in folders.items()
+    }
+
+
+def seed_list(seeds: list[int]) -> str:
+    """e.g. "3 seeds (0, 1, 2)" or "seed 0"."""
+    if len(seeds) == 1:
+        return f"seed {seeds[0]}"
+    return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})"
+
+
+def training_context(groups: Mapping[str, RunGroup]) -> str:
+    """What the runs were trained as, from their configs: model, data, schedule, seeds (for captions)."""
+    config = next(iter(groups.values())).config
+    model = config["model"] + (f" {_kwargs(config['model_kwargs'])}" if config.get("model_kwargs") else "")
+    if config.get("cifar_stem"):
+        model += " (CIFAR stem)"
+    data = DATASET_NAMES.get(config["dataset"], config["dataset"])
+    if config.get("subset_per_class"):
+        data += f" ({config['subset_per_class']:,} training images per class)"
+    steps = {run.summary["steps"] for group in groups.values() for run in group.runs.values()}
+    epochs = config["epochs"]
+    schedule = f"{epochs} epoch{'s' * (epochs != 1)} of batch {config['batch_size']}"
+    schedule += f" ({steps.pop()} steps)" if len(steps) == 1 else ""
+    counts = {len(group.runs) for group in groups.values()}
+    all_seeds = sorted({seed for group in groups.values() for seed in group.seeds})
+    if len(counts) == 1:
+        seeds = (
+            f"{seed_list(all_seeds)} per run"
+            if counts == {len(all_seeds)}
+            else f"{counts.pop()} seeds per run"
+        )
+    else:
+        seeds = f"{min(counts)}-{max(counts)} seeds per run"
+    return f"{model} on {data}, {schedule}, {config['optimizer'].upper()} lr {config['lr']:g}; {seeds}"
+
+
+def _kwargs(kwargs: Mapping[str, Any]) -> str:
+    return "(" + ", ".join(f"{key}={value}" for key, value in kwargs.items()) + ")"
 
 
 def load_trained_model(run: Run, device: str = "cpu") -> nn.Module:
     """The run's final model (its checkpoint), rebuilt as in training, forward quantization included."""
+    import torch
+
     from gradcomp.data import load_split
     from gradcomp.models import create_model
     from gradcomp.qat import quantize_forward

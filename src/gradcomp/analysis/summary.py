@@ -1,114 +1,88 @@
-"""SUMMARY.md: every experiment's headline numbers next to what the papers verifiably claim.
+"""SUMMARY.md: every experiment's headline numbers and stated comparisons next to what the papers claim.
 
-The claims below are the verified statements of the reference digests (abstracts, theorems, the authors'
-code); the papers' table values were not available, so none are quoted. Numbers marked as the digest's
-own simulations are reproductions, not paper results.
+The claims are the verified statements of the reference digests (abstracts, theorems, the authors' code),
+held by the experiment registry; the papers' table values were not available, so none are quoted. Every
+comparison is stated with its verdict across seeds: "significant" or "within noise (±x)".
 """
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
-from gradcomp.plots import experiments
+from gradcomp.analysis.seeds import ALPHA
+from gradcomp.analysis.tables import Record
+from gradcomp.experiments import experiments
 
-CLAIMS = {
-    "A1": (
-        "Neural-gradient magnitudes are heavy-tailed and near-lognormal (ln|g| close to Gaussian); "
-        "weights and activations are light-tailed and bell-shaped (Chmiel et al., abstract)."
-    ),
-    "A2": (
-        "Gradients are 'near-lognormal' (ICLR title): close to, not exactly, lognormal; the KS table "
-        "values were not available, and the reference code's KS procedure is only meaningful on ln|g| "
-        "(digest section 2.3)."
-    ),
-    "A3": (
-        "Per-layer statistics differ, which motivates per-layer ('local') loss scaling derived from (mu, "
-        "sigma) (Chmiel et al., abstract)."
-    ),
-    "A4": (
-        "After the optimal scale the FP quantization MSE depends on sigma only; the optimal exponent "
-        "width grows with sigma; [1,3,0] is the predicted FP4 format (digest sections 2.10, A.2)."
-    ),
-    "A5": (
-        "FP6 gradients without accuracy degradation on ImageNet, with per-layer scaling (Chmiel et al., "
-        "abstract)."
-    ),
-    "A6": (
-        "Per-layer scaling gives loss scaling a theoretical basis; the exponent/mantissa split should "
-        "follow sigma (Chmiel et al., abstract)."
-    ),
-    "A7": (
-        "The lognormal threshold sets the sparsity level accurately; Gaussian priors mispredict it "
-        "(digest's simulation: target 0.5 at sigma 2.5 reaches 0.77-0.98 with Gaussian thresholds)."
-    ),
-    "A8": (
-        "Up to 85% gradient sparsity on ResNet18/ImageNet without accuracy loss (Chmiel et al., abstract)."
-    ),
-    "A9": (
-        "Heterogeneous per-layer sparsity under a cosine-similarity constraint (Chmiel et al., code and "
-        "README command); no verified numbers."
-    ),
-    "A10": (
-        "The lognormal model explains workloads where low-precision FP was reported to fail (Chmiel et "
-        "al., v1 abstract): too few exponent bits for sigma, or one scale for layers with different mu."
-    ),
-    "B1": (
-        "PTQ puts most values in a few central bins; PSQ and BHQ use more of the bins (Chen et al., "
-        "reviewer-confirmed figure)."
-    ),
-    "B2": (
-        "Quantization variance falls about 4x per bit; PTQ > PSQ > BHQ; compare with the QAT sampling "
-        "variance (Chen et al., variance theorem)."
-    ),
-    "B3": (
-        "With unbiased gradient quantizers the FQT gradient is an unbiased estimator of the QAT gradient "
-        "(Chen et al., theorem)."
-    ),
-    "B4": (
-        "5-bit BHQ on ResNet-50/ImageNet loses only 0.5% top-1 against QAT; 8-bit quantizers are close to"
-        " QAT (Chen et al., abstract)."
-    ),
-    "X1": ("(beyond the papers) no paper claim."),
-    "X2": (
-        "(beyond the papers) the digest's sigma sweep: BHQ/PSQ variance ratio 0.86 at sigma 0.5 to 0.03 "
-        "at sigma 3 on synthetic rows (digest section 6)."
-    ),
-    "X3": ("(beyond the papers) no paper claim."),
-}
+ESTIMATE_KEYS = ("mean", "sd", "ci_low", "ci_high")
+
+
+def _estimate(value: dict) -> str | None:
+    """ "m ± sd (95 % CI [lo, hi])" for a dict holding one estimate's columns, else None."""
+    parts = {
+        suffix: number
+        for key, number in value.items()
+        for suffix in ESTIMATE_KEYS
+        if key.endswith("_" + suffix)
+    }
+    if len(value) != len(ESTIMATE_KEYS) or set(parts) != set(ESTIMATE_KEYS):
+        return None
+    if parts["sd"] is None:
+        return f"{_format(parts['mean'])} (one seed)"
+    return (
+        f"{_format(parts['mean'])} ± {_format(parts['sd'])} "
+        f"(95 % CI [{_format(parts['ci_low'])}, {_format(parts['ci_high'])}])"
+    )
 
 
 def _format(value: Any) -> str:
+    if value is None:
+        return "n/a"
     if isinstance(value, float):
         return f"{value:.4g}"
     if isinstance(value, dict):
-        return "; ".join(f"{key}: {_format(item)}" for key, item in value.items())
+        return _estimate(value) or "; ".join(f"{key}: {_format(item)}" for key, item in value.items())
     if isinstance(value, list):
         return "[" + ", ".join(_format(item) for item in value) + "]"
     return str(value)
 
 
 def write_summary(figures: Path, out: str | Path) -> Path:
-    """Gather `<ID>_*.json` headline files under `figures` into a Markdown summary at `out`."""
+    """Gather the `<ID>_<slug>.json` records under `figures` into a Markdown summary at `out`."""
     lines = [
         f"# Summary of {figures.name}",
         "",
-        "Generated by `gradcomp summary` from each experiment's headline numbers. Paper statements are the "
-        "verified claims of the reference digests (no table values were available); ours come from this "
-        "configuration's runs.",
+        "Generated by `gradcomp summary` from each experiment's numbers. Paper statements are the verified "
+        "claims of the reference digests (no table values were available); ours come from this "
+        "configuration's runs. Numbers from training are means over seeds with their standard deviation and "
+        "95 % confidence interval. A difference between two arms is a finding only where it is labelled "
+        "*significant*: a paired t-test across seeds (the same seed is the same initialisation and data "
+        f"order), p < {ALPHA}, i.e. the 95 % interval of the difference excludes 0; otherwise it is *within "
+        "noise* (± the half-width of that interval). Each comparison is tested on its own; its p-value after "
+        "the Holm adjustment over the experiment's comparisons is given with it, since among k comparisons "
+        f"of arms that do not differ about {ALPHA} k come out significant by chance.",
         "",
     ]
     for experiment in experiments().values():
         path = figures / f"{experiment.prefix}.json"
         if not path.exists():
             continue
-        record = json.loads(path.read_text())
-        lines += [f"## {experiment.id}: {experiment.title}", "", f"**Papers:** {CLAIMS[experiment.id]}", ""]
-        lines += ["**This run:**", ""]
-        lines += [f"- {key}: {_format(value)}" for key, value in record["headline"].items()]
-        lines += [f"- note: {note}" for note in record.get("notes", [])]
-        lines += ["", f"Figure: `{experiment.prefix}.png`; numbers: `{experiment.prefix}.csv`.", ""]
+        record = Record.load(path)
+        lines += [f"## {experiment.id}: {experiment.title}", "", f"**Papers:** {experiment.claim}", ""]
+        lines += ["**Here:**", ""]
+        lines += [f"- {key}: {_format(value)}" for key, value in record.headline.items()]
+        if record.comparisons:
+            lines += ["", "**Comparisons** (paired across seeds):", ""]
+            lines += [f"- {comparison['statement']}" for comparison in record.comparisons]
+        lines += [f"- note: {note}" for note in record.notes]
+        lines += [
+            "",
+            f"How: {record.caption}",
+            "",
+            f"Figure: `{experiment.prefix}.png`; numbers: `{experiment.prefix}.md` "
+            f"(CSV: `{experiment.prefix}.csv`).",
+            "",
+        ]
     out = Path(out)
     out.write_text("\n".join(lines))
     return out

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+from collections import defaultdict
+from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
+from gradcomp.analysis.seeds import Estimate
+from gradcomp.experiments import SyntheticSparsity
 from gradcomp.ops import (
     gaussian_threshold,
     laplace_threshold,
@@ -35,28 +38,28 @@ def signed_lognormal(
     return values
 
 
-def achieved_sparsity_rows(
-    sigmas: Iterable[float],
-    targets: Iterable[float],
-    zero_fractions: Iterable[float],
-    numel: int,
-    seed: int = 0,
-) -> list[dict]:
-    """Target vs achieved fraction of zeros after stochastic pruning, for every threshold estimator."""
-    rows = []
-    for sigma in sigmas:
-        for zero_fraction in zero_fractions:
-            g = signed_lognormal(numel, sigma, zero_fraction, seed=seed)
-            for target in targets:
-                for name, estimator in ESTIMATORS.items():
-                    pruned = stochastic_prune(g, estimator(g, target), seed=seed + 1)
-                    rows.append(
-                        {
-                            "sigma": sigma,
-                            "zero_fraction": zero_fraction,
-                            "estimator": name,
-                            "target": target,
-                            "achieved": float((pruned == 0).double().mean()),
-                        }
-                    )
-    return rows
+def synthetic_sparsity(settings: SyntheticSparsity) -> list[dict]:
+    """Target vs achieved fraction of zeros after stochastic pruning of synthetic lognormal gradients, for
+    every threshold estimator, over the settings' seeds (one synthetic draw each)."""
+    achieved = defaultdict(list)
+    for seed in settings.seeds:
+        for sigma in settings.sigmas:
+            for zero_fraction in settings.zero_fractions:
+                g = signed_lognormal(settings.numel, sigma, zero_fraction, seed=seed)
+                for target in settings.targets:
+                    for name, estimator in ESTIMATORS.items():
+                        pruned = stochastic_prune(g, estimator(g, target), seed=seed + 1)
+                        achieved[sigma, zero_fraction, name, target].append(
+                            float((pruned == 0).double().mean())
+                        )
+    return [
+        {
+            "sigma": sigma,
+            "zero_fraction": zero_fraction,
+            "estimator": name,
+            "target": target,
+            **Estimate.of(values).columns("achieved"),
+            "seeds": len(values),
+        }
+        for (sigma, zero_fraction, name, target), values in achieved.items()
+    ]

@@ -131,21 +131,29 @@ def _threshold_of_one_layer(moments: list[float], numel: int, sparsity: float) -
     return alpha if math.isfinite(alpha) else 0.0
 
 
-def _prunable(x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-    """(finite non-zero magnitudes in float64, their count, the count of exact zeros)."""
+def _prunable(x: Tensor) -> tuple[Tensor, Tensor]:
+    """(finite non-zero magnitudes in float64, the count of exact zeros)."""
     magnitude = x.detach().to(torch.float64).abs().flatten()
     values = magnitude[(magnitude > 0) & (magnitude < torch.inf)]
-    count = torch.tensor(float(values.numel()), dtype=torch.float64, device=x.device)
-    return values, count, (magnitude == 0).sum(dtype=torch.float64)
+    return values, (magnitude == 0).sum(dtype=torch.float64)
+
+
+def _prior_moment(x: Tensor, power: int) -> tuple[Tensor, Tensor, Tensor]:
+    """(mean of |x|^power over the finite non-zeros, their count, the count of exact zeros), in float64
+    without selecting the values (no host sync)."""
+    magnitude = x.detach().to(torch.float64).abs().flatten()
+    usable = magnitude.nan_to_num(nan=0.0, posinf=0.0)  # finite non-zeros keep their value, the rest 0
+    count = torch.count_nonzero(usable).to(torch.float64)
+    return usable.pow_(power).sum() / count, count, (magnitude == 0).sum(dtype=torch.float64)
 
 
 def gaussian_threshold(x: Tensor, sparsity: float) -> Tensor:
     """Baseline: threshold from a zero-mean Gaussian prior with s = RMS of the non-zeros (Ye et al. style)."""
     check_float(x, "gaussian_threshold")
     _check_sparsity(sparsity)
-    values, count, zeros = _prunable(x)
+    mean_square, count, zeros = _prior_moment(x, 2)
     target = _prunable_target(x.numel(), count, zeros, sparsity)
-    s = torch.sqrt((values * values).sum() / count)
+    s = torch.sqrt(mean_square)
     return _finish(s * lognormal.gaussian_normalized_threshold(target.clamp(1e-12, 1 - 1e-9)), target, x)
 
 
@@ -153,9 +161,8 @@ def laplace_threshold(x: Tensor, sparsity: float) -> Tensor:
     """Baseline: threshold from a Laplace prior, |g| ~ Exp(b) with b = mean of the non-zero |g|."""
     check_float(x, "laplace_threshold")
     _check_sparsity(sparsity)
-    values, count, zeros = _prunable(x)
+    b, count, zeros = _prior_moment(x, 1)
     target = _prunable_target(x.numel(), count, zeros, sparsity)
-    b = values.sum() / count
     return _finish(b * lognormal.laplace_normalized_threshold(target.clamp(1e-12, 1 - 1e-9)), target, x)
 
 
@@ -167,7 +174,7 @@ def topk_threshold(x: Tensor, sparsity: float) -> Tensor:
     """
     check_float(x, "topk_threshold")
     _check_sparsity(sparsity)
-    values, _, zeros = _prunable(x)
+    values, zeros = _prunable(x)
     wanted = sparsity * x.numel() - zeros  # expected new zeros
     if values.numel() == 0:
         return _finish(torch.zeros((), dtype=torch.float64, device=x.device), wanted, x)

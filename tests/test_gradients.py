@@ -1,12 +1,9 @@
-import json
 import math
 
 import pytest
 import torch
-import yaml
 from torch import nn
 
-import gradcomp.plots.statquant  # noqa: F401  (registers B1-B4, X2)
 from gradcomp.analysis.gradients import (
     bin_codes,
     fqt_weight_gradients,
@@ -18,10 +15,13 @@ from gradcomp.analysis.gradients import (
     sample_variance,
     weight_gradients,
 )
+from gradcomp.analysis.runs import load_groups
+from gradcomp.analysis.statquant import unbiasedness, variance_vs_bits
+from gradcomp.config import resolve_config
+from gradcomp.experiments import Unbiasedness, VarianceVsBits
 from gradcomp.ops.int_quant import BlockHouseholder, _affine_params, quantize_int
-from gradcomp.plots import EXPERIMENTS, EXTENSIONS, FigureInputs
 from gradcomp.qat import quantize_forward
-from gradcomp.train import TrainConfig, train
+from gradcomp.train import train
 
 
 def _heterogeneous_rows(n=32, d=64, seed=0):
@@ -140,80 +140,42 @@ def test_relative_error_of_the_mean_of_unbiased_draws_falls_like_one_over_sqrt_k
 
 
 @pytest.fixture(scope="module")
-def qat_run(tmp_path_factory):
-    """A resnet10t with 8-bit forward quantization, trained a few steps on synthetic images."""
-    out = tmp_path_factory.mktemp("runs") / "qat8"
-    config = TrainConfig(
-        out=str(out),
-        dataset="synthetic",
-        model="resnet10t",
-        model_kwargs={"channels": [8, 16, 32, 64]},
-        batch_size=32,
-        max_steps=3,
-        subset_per_class=8,
-        test_subset_per_class=8,
-        forward_bits=8,
-        progress=False,
-        threads=1,
-    )
-    train(config)
-    return out
+def qat_runs(tmp_path_factory):
+    """A resnet10t with 8-bit forward quantization, trained a few steps on synthetic images, two seeds."""
+    folders = {}
+    for seed in (0, 1):
+        out = tmp_path_factory.mktemp("runs") / f"seed{seed}"
+        config = resolve_config(
+            out=str(out),
+            dataset="synthetic",
+            model="resnet10t",
+            model_kwargs={"channels": [8, 16, 32, 64]},
+            batch_size=32,
+            max_steps=3,
+            subset_per_class=8,
+            test_subset_per_class=8,
+            forward_bits=8,
+            progress=False,
+            threads=1,
+            seed=seed,
+        )
+        train(config)
+        folders[seed] = out
+    return load_groups({"qat8": folders})
 
 
-def _outputs(out_dir, experiment_id, runs, params):
-    """Run one experiment; check its five files and that its JSON headline holds only finite numbers."""
-    experiment = EXPERIMENTS[experiment_id]
-    headline = experiment.make(FigureInputs(runs, params, out_dir, experiment.prefix))
-    for extension in EXTENSIONS:
-        assert (out_dir / f"{experiment.prefix}.{extension}").stat().st_size > 0
-    record = json.loads((out_dir / f"{experiment.prefix}.json").read_text())
-    assert record["headline"] == json.loads(json.dumps(headline))
-    numbers = list(_numbers(record["headline"]))
-    assert numbers and all(math.isfinite(n) for n in numbers)
-    return experiment, headline
-
-
-def _numbers(value):
-    if isinstance(value, dict | list):
-        for item in value.values() if isinstance(value, dict) else value:
-            yield from _numbers(item)
-    elif isinstance(value, float | int) and not isinstance(value, bool):
-        yield value
-
-
-def test_variance_vs_bits_end_to_end_falls_by_about_four_per_bit(tmp_path, qat_run):
-    params = {"run": "qat8", "bits": [3, 6], "batches": 2, "draws": 1}
-    _, headline = _outputs(tmp_path, "B2", {"qat8": qat_run}, params)
+def test_variance_falls_by_about_four_per_bit(qat_runs):
+    settings = VarianceVsBits(run="qat8", bits=(3, 6), batches=2, draws=1)
+    result = variance_vs_bits(settings, qat_runs)
     for scheme in ("ptq", "psq", "bhq"):
-        assert 2.5 < headline[f"{scheme}_per_bit_factor"] < 6
-    assert headline["ptq_over_psq_geomean"] > 1
-    assert headline["sample_variance"] > 0
+        assert 2.5 < result.headline[f"{scheme}_per_bit_factor"]["factor_mean"] < 7  # 4.3 in theory
+    assert result.headline["ptq_over_psq_geomean"] > 1
+    assert result.headline["sample_variance"]["variance_mean"] > 0
+    assert {row["seeds"] for row in result.rows()} == {2}
 
 
-def test_unbiasedness_end_to_end(tmp_path, qat_run):
-    _, headline = _outputs(tmp_path, "B3", {"qat8": qat_run}, {"run": "qat8", "bits": 4, "draws": 4})
+def test_unbiased_quantizers_approach_the_qat_gradient(qat_runs):
+    result = unbiasedness(Unbiasedness(run="qat8", bits=4, draws=4), qat_runs)
+    errors = {(row["policy"], row["draws"]): row["relative_error_mean"] for row in result.rows()}
     for scheme in ("ptq", "psq", "bhq"):
-        assert headline[f"{scheme}_error_K4"] < headline[f"{scheme}_error_K1"]
-
-
-def _fake_run(folder, policy, accuracy, forward_bits=8):
-    folder.mkdir()
-    (folder / "config.yaml").write_text(yaml.safe_dump({"policy": policy, "forward_bits": forward_bits}))
-    (folder / "summary.json").write_text(json.dumps({"final_test_accuracy": accuracy}))
-    return folder
-
-
-def test_accuracy_table_reads_bits_and_scheme_from_the_policy(tmp_path):
-    runs = {
-        "exact": _fake_run(tmp_path / "a", "none", 0.90, forward_bits=None),
-        "reference": _fake_run(tmp_path / "b", "none", 0.88),
-        "x": _fake_run(tmp_path / "c", "int:bits=4,scheme=bhq", 0.86),
-        "y": _fake_run(tmp_path / "d", "int:bits=4,scheme=psq", 0.87),
-        "z": _fake_run(tmp_path / "e", "int:bits=4,scheme=ptq", 0.80),
-    }
-    experiment, headline = _outputs(tmp_path / "out", "B4", runs, {})
-    assert headline["x_gap_to_qat_points"] == pytest.approx(-2.0)
-    assert headline["z_gap_to_qat_points"] == pytest.approx(-8.0)
-    assert headline["bhq_ge_psq_ge_ptq_at_bits"] == {4: False}
-    table = (tmp_path / "out" / f"{experiment.prefix}.csv").read_text().splitlines()
-    assert [line.split(",")[:2] for line in table[1:3]] == [["exact", "Exact"], ["reference", "QAT"]]
+        assert errors[scheme, 4] < errors[scheme, 1]

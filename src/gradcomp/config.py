@@ -1,0 +1,177 @@
+"""Typed training configuration: what a run does, with no torch import (configs are validated at parse time).
+
+`TrainConfig` holds the training keys; the compression settings sit in one nested `CompressionConfig`, which
+is what `gradcomp.attach` takes (as torchao hands a `Float8LinearConfig` over). In YAML files and on the
+command line the compression keys may be written flat (``policy: prune:sparsity=0.85``, ``refresh: 10``)
+or nested under ``compression:``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from gradcomp.policies import NoCompression, Policy, parse_policy
+
+PLACEMENTS = ("output", "input")
+
+
+@dataclass(frozen=True)
+class CompressionConfig:
+    """What to compress and where, and when its statistics are refreshed.
+
+    layer_types: "conv", "linear", "bn" (None: the policy's own placement, `Policy.layer_types`);
+    include / exclude: fully-qualified layer-name patterns (fnmatch); placement: the gradient w.r.t. each
+    selected layer's output (both GEMMs consume it) or input (e.g. BatchNorm inputs). refresh: "step",
+    "epoch" (first step of each epoch, as in the reference code) or an integer K (every K steps); no
+    compression during the first `warmup_steps` steps.
+    """
+
+    policy: Policy = field(default_factory=NoCompression)  # a policy string is parsed (parse_policy)
+    layer_types: tuple[str, ...] | None = None
+    include: tuple[str, ...] = ("*",)
+    exclude: tuple[str, ...] = ()
+    placement: str = "output"
+    refresh: str | int = "step"
+    warmup_steps: int = 0
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "policy", parse_policy(self.policy))
+        for key in ("layer_types", "include", "exclude"):
+            value = getattr(self, key)
+            if isinstance(value, str):
+                raise ValueError(f"compression {key} must be a list of names, got the string {value!r}")
+            if value is not None:
+                object.__setattr__(self, key, tuple(value))
+        if self.placement not in PLACEMENTS:
+            raise ValueError(f"placement must be 'output' or 'input', got {self.placement!r}")
+        if isinstance(self.refresh, str) and self.refresh.isdigit():
+            object.__setattr__(self, "refresh", int(self.refresh))
+        valid = self.refresh in ("step", "epoch") or (
+            isinstance(self.refresh, int) and not isinstance(self.refresh, bool) and self.refresh >= 1
+        )
+        if not valid:
+            raise ValueError(f"refresh must be 'step', 'epoch' or a positive integer, got {self.refresh!r}")
+        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
+            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+
+    @property
+    def types(self) -> tuple[str, ...]:
+        """The layer types acted on: the configured ones, else the policy's placement."""
+        return self.policy.layer_types if self.layer_types is None else self.layer_types
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML/JSON values (the policy as its string), read back by the constructor."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        values["policy"] = self.policy.describe()
+        return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
+
+
+COMPRESSION_KEYS = tuple(f.name for f in dataclasses.fields(CompressionConfig))
+
+DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
+    "fashion-mnist": {"model": "resnet18", "batch_size": 128, "lr": 0.05, "epochs": 1},
+    "cifar10": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
+    "cifar100": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
+    "imagenet": {"model": "resnet18", "batch_size": 256, "lr": 0.1, "epochs": 90, "weight_decay": 1e-4},
+    "synthetic": {"model": "resnet10t", "batch_size": 32, "lr": 0.05, "epochs": 2},
+}
+
+
+@dataclass
+class TrainConfig:
+    out: str = "runs/train"
+    model: str = "resnet18"
+    dataset: str = "fashion-mnist"
+    data_dir: str | None = None
+    subset_per_class: int | None = None
+    test_subset_per_class: int | None = None
+    cifar_stem: bool = False
+    model_kwargs: dict = field(default_factory=dict)
+    compression: CompressionConfig = field(default_factory=CompressionConfig)
+    # optimisation
+    epochs: int = 1
+    max_steps: int | None = None
+    batch_size: int = 128
+    eval_batch_size: int = 500
+    optimizer: str = "sgd"
+    lr: float = 0.05
+    momentum: float = 0.9
+    weight_decay: float = 5e-4
+    lr_schedule: str = "cosine"
+    warmup_epochs: float = 0.0
+    milestones: list = field(default_factory=list)  # epochs, for lr_schedule=step
+    gamma: float = 0.1
+    label_smoothing: float = 0.0
+    max_skipped_steps: int = 20
+    checkpoint_every: int | None = None  # also checkpoint every N steps (an epoch's checkpoint always)
+    reduce_statistics: bool = False  # report compression sparsity summed over all ranks (else rank 0's)
+    workers: int = 4  # DataLoader workers for streamed datasets (ImageNet)
+    # run
+    seed: int = 0
+    device: str = "auto"
+    threads: int | None = None
+    log_every: int = 20
+    progress: bool = True
+    resume: bool = False
+    probe: dict | None = None
+    forward_bits: int | None = None  # QAT: quantize conv/linear inputs and weights in the forward pass
+
+    def __post_init__(self) -> None:
+        if isinstance(self.compression, Mapping):
+            self.compression = CompressionConfig(**self.compression)
+        if self.optimizer not in ("sgd", "adamw"):
+            raise ValueError(f"optimizer must be sgd or adamw, got {self.optimizer!r}")
+        if self.lr_schedule not in ("cosine", "step", "constant"):
+            raise ValueError(f"lr_schedule must be cosine, step or constant, got {self.lr_schedule!r}")
+        for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        for name in ("max_steps", "checkpoint_every"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def policy(self) -> Policy:
+        return self.compression.policy
+
+    def to_dict(self) -> dict[str, Any]:
+        """Plain YAML/JSON values (what config.yaml and checkpoints hold), read back by `resolve_config`."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**values, "compression": self.compression.to_dict()}
+
+
+TRAIN_KEYS = tuple(f.name for f in dataclasses.fields(TrainConfig))
+
+
+def known_keys() -> list[str]:
+    """Every key a training config may hold: TrainConfig's, and the compression keys written flat."""
+    return sorted({*TRAIN_KEYS, *COMPRESSION_KEYS})
+
+
+def resolve_config(file: str | Path | None = None, **overrides: Any) -> TrainConfig:
+    """Defaults, then the dataset's defaults, then the YAML file, then explicit overrides (None = unset).
+    Compression keys may be flat or nested under `compression`; the same key both ways is an error."""
+    values: dict[str, Any] = {}
+    if file is not None:
+        values = yaml.safe_load(Path(file).read_text()) or {}
+        if not isinstance(values, dict):
+            raise ValueError(f"{file}: a training config must be a mapping of keys to values")
+    values.update({key: value for key, value in overrides.items() if value is not None})
+    unknown = sorted(set(values) - set(known_keys()))
+    if unknown:
+        raise ValueError(f"unknown training config keys {unknown}; known keys: {known_keys()}")
+    compression = dict(values.pop("compression", None) or {})
+    for key in COMPRESSION_KEYS:
+        if key in values:
+            if key in compression and compression[key] != values[key]:
+                raise ValueError(f"{key} is given both flat and under compression; give it once")
+            compression[key] = values.pop(key)
+    dataset = values.get("dataset", TrainConfig.dataset)
+    merged = {**DATASET_DEFAULTS.get(dataset, {}), **values}
+    return TrainConfig(**merged, compression=CompressionConfig(**compression))

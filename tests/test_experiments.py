@@ -1,0 +1,153 @@
+"""The experiment layer: settings from configs, and every experiment's compute and draw on synthetic runs."""
+
+import json
+import math
+import random
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gradcomp.analysis.runs import load_groups
+from gradcomp.analysis.tables import Record, write_result
+from gradcomp.config import resolve_config
+from gradcomp.experiments import experiments
+from gradcomp.pipeline import experiment_reads, run_spec, seeds
+from gradcomp.plots.style import save_figure
+from gradcomp.train import train
+
+ROOT = Path(__file__).resolve().parents[1]
+CONFIGS = ["config/default.yaml", "config/cifar10.yaml", "config/imagenet.yaml", "tests/pipeline_tiny.yaml"]
+TINY = yaml.safe_load((ROOT / "tests" / "pipeline_tiny.yaml").read_text())
+TRAINED = ("baseline", "qat8")  # measured at their checkpoints (A1-A3 from the probe, B1-B3 and X2)
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_settings_round_trip_from_every_shipped_config(path):
+    config = yaml.safe_load((ROOT / path).read_text())
+    for experiment_id in config["experiments"]:
+        experiment = experiments()[experiment_id]
+        settings = experiment.settings(config)
+        assert experiment.params.from_config(settings.to_config(), "x") == settings
+        reads = experiment_reads(config, experiment_id)
+        assert all(run in config["runs"] for run in reads) and (bool(reads) != (experiment_id == "A4"))
+
+
+def test_every_experiment_has_its_two_steps():
+    for experiment in experiments().values():
+        assert callable(experiment.compute) and callable(experiment.draw), experiment.id
+        assert experiment.claim and experiment.title
+
+
+@pytest.mark.parametrize(
+    ("experiment_id", "section", "message"),
+    [
+        ("A5", {"baseline": "b", "run": ["x"]}, r"experiments.A5: unknown settings \['run'\]"),
+        ("A5", {"baseline": "b"}, r"experiments.A5: missing settings \['runs'\]"),
+        ("B2", {"run": "q", "bits": "4"}, "experiments.B2.bits must be a list"),
+        ("B1", {"run": "q", "bits": 8.5}, "experiments.B1.bits must be int"),
+        ("B1", {"run": "q", "seeds": [0, "one"]}, "experiments.B1.seeds must be"),
+        ("A4", {"kinds": ["ideal", "exact"]}, r"experiments.A4.kinds\[1\] must be one of"),
+        (
+            "A7",
+            {"runs": ["p"], "synthetic": {"numl": 3}},
+            r"experiments.A7.synthetic: unknown settings \['numl'\]",
+        ),
+        (
+            "A10",
+            {"baseline": "b", "pairs": [["a", "b", "c"]]},
+            r"experiments.A10.pairs\[0\] must be a list of 2",
+        ),
+        ("X1", {"runs": "some"}, "experiments.X1.runs must be"),
+        ("A9", {"constrained": "c", "homogeneous": ["h"], "cosine": 0.9}, r"unknown settings \['cosine'\]"),
+    ],
+)
+def test_a_bad_setting_fails_naming_the_key(experiment_id, section, message):
+    with pytest.raises(ValueError, match=message):
+        experiments()[experiment_id].params.from_config(section, f"experiments.{experiment_id}")
+
+
+def test_integers_are_accepted_where_floats_are_expected():
+    settings = experiments()["A4"].params.from_config({"sigmas": [1, 2.5]}, "experiments.A4")
+    assert settings.sigmas == (1.0, 2.5) and all(isinstance(s, float) for s in settings.sigmas)
+
+
+# --- every experiment's compute and draw on synthetic runs -------------------------------------------------
+def _fake_summary(policy, rng: random.Random, accuracy: float) -> dict:
+    """A summary.json as training writes it, with plausible per-layer compression statistics."""
+    spec = policy.describe()
+    sparsity = None
+    layers = {}
+    if not spec.startswith("none"):
+        target = next(
+            (p.sparsity for p in getattr(policy, "policies", (policy,)) if hasattr(p, "sparsity")), 0.02
+        )
+        for index in range(5):
+            mu, sigma = -12.0 + index + rng.gauss(0, 0.2), 2.0 + 0.1 * index
+            layers[f"layer{index}.conv"] = {
+                "sparsity": min(0.999, target + rng.gauss(0, 0.01) + 0.05 * ("gaussian" in spec)),
+                "elements": 4096 * (5 - index),
+                "mu": mu,
+                "sigma": sigma,
+                "threshold": math.exp(mu + 0.5 * sigma) if "prune" in spec else None,
+                "scale": 2.0 ** round(-mu / math.log(2) - 3) if "fp" in spec else None,
+                "format": None,
+            }
+        total = sum(layer["elements"] for layer in layers.values())
+        sparsity = sum(layer["sparsity"] * layer["elements"] for layer in layers.values()) / total
+    return {
+        "final_test_accuracy": accuracy,
+        "best_test_accuracy": accuracy,
+        "epochs": 1,
+        "steps": 10,
+        "wall_seconds": 1.0,
+        "gradient_sparsity": sparsity,
+        "skipped_steps": 0,
+        "policy": spec,
+        "layers": layers,
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_runs(tmp_path_factory):
+    """Every (run, seed) of tests/pipeline_tiny.yaml: the runs measured at a checkpoint trained for real (a
+    few steps on synthetic images), the others written as finished runs with made-up accuracies."""
+    root = tmp_path_factory.mktemp("runs")
+    rng = random.Random(0)
+    folders = {}
+    for run in TINY["runs"]:
+        for seed in seeds(TINY, run):
+            folder = root / run / f"seed{seed}"
+            config = resolve_config(**run_spec(TINY, run, seed), out=str(folder), progress=False, max_steps=4)
+            if run in TRAINED:
+                train(config)
+            else:
+                folder.mkdir(parents=True)
+                (folder / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
+                summary = _fake_summary(config.policy, rng, 0.8 + rng.gauss(0, 0.02) - 0.01 * len(run) / 10)
+                (folder / "summary.json").write_text(json.dumps(summary))
+            folders.setdefault(run, {})[seed] = folder
+    return folders
+
+
+@pytest.mark.parametrize("experiment_id", list(TINY["experiments"]))
+def test_every_experiment_computes_and_draws_from_its_own_numbers(tmp_path, tiny_runs, experiment_id):
+    experiment = experiments()[experiment_id]
+    settings = experiment.settings(TINY)
+    reads = experiment_reads(TINY, experiment_id)
+    groups = load_groups(
+        {run: {seed: tiny_runs[run][seed] for seed in chosen} for run, chosen in reads.items()}
+    )
+    result = experiment.compute(settings, groups)
+    prefix = tmp_path / experiment.prefix
+    record = write_result(result, experiment.id, experiment.title, prefix)
+    assert record.rows() and record.caption and record.id == experiment_id
+    for row in record.comparisons:  # untested only where the arms share a single seed
+        assert row["verdict"] in ("significant", "within noise") or row["seeds"] < 2, row
+    paths = save_figure(experiment.draw(Record.load(prefix.with_suffix(".json"))), record.title, prefix)
+    for path in [*paths, prefix.with_suffix(".csv"), prefix.with_suffix(".md")]:
+        assert path.stat().st_size > 0
+    markdown = prefix.with_suffix(".md").read_text()
+    assert record.caption in markdown and experiment.title in markdown
+    spread = [key for row in record.rows() for key in row if key.endswith("_sd")]
+    assert spread, "every main table carries its spread over seeds"
