@@ -16,12 +16,16 @@ elements); prune + FP the mask plus the FP bits of every survivor; per-tensor, p
 are neglected."""
 
 
+def _bits(run: Run) -> float:
+    return run.policy.bits_per_element(run.summary)
+
+
 def _row(group: RunGroup) -> dict:
     return {
         **run_row(
             group,
             accuracy=lambda run: run.accuracy,
-            bits=lambda run: run.policy.bits_per_element(run.summary),
+            bits=_bits,
         ),
         "family": group.family,
         "policy": group.policy.describe(),
@@ -79,10 +83,6 @@ def _members(chain: RunGroup, groups: list[RunGroup]) -> list[RunGroup]:
     members = getattr(chain.policy, "policies", ())
     described = {member.describe() for member in members}
     return [group for group in groups if group.policy.describe() in described]
-
-
-def _bits(run: Run) -> float:
-    return run.policy.bits_per_element(run.summary)
 
 
 def prune_plus_fp(settings: Compare, runs: dict[str, RunGroup]) -> Result:

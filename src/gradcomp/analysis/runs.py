@@ -101,9 +101,6 @@ class RunGroup:
     def accuracy(self) -> dict[int, float]:
         return self.per_seed(lambda run: run.accuracy)
 
-    def bits_per_element(self) -> dict[int, float]:
-        return self.per_seed(lambda run: run.policy.bits_per_element(run.summary))
-
 
 def load_run(name: str, seed: int, folder: Path | str) -> Run:
     folder = Path(folder)
