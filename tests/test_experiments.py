@@ -19,7 +19,7 @@ from gradcomp.train import train
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = ["config/default.yaml", "config/cifar10.yaml", "config/imagenet.yaml", "tests/pipeline_tiny.yaml"]
 TINY = yaml.safe_load((ROOT / "tests" / "pipeline_tiny.yaml").read_text())
-TRAINED = ("baseline", "qat8")  # measured at their checkpoints (A1-A3 from the probe, B1-B3 and X2)
+TRAINED = ("baseline", "qat8", "other_baseline")  # measured at checkpoints (A1-A3, A10 probe; B1-B3, X2)
 
 
 @pytest.mark.parametrize("path", CONFIGS)
@@ -55,7 +55,7 @@ def test_every_experiment_has_its_two_steps():
         ),
         (
             "A10",
-            {"baseline": "b", "pairs": [["a", "b", "c"]]},
+            {"baselines": ["b"], "pairs": [["a", "b", "c"]]},
             r"experiments.A10.pairs\[0\] must be a list of 2",
         ),
         ("X1", {"runs": "some"}, "experiments.X1.runs must be"),

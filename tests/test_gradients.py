@@ -172,6 +172,12 @@ def test_variance_falls_by_about_four_per_bit(qat_runs):
     assert result.headline["ptq_over_psq_geomean"] > 1
     assert result.headline["sample_variance"]["variance_mean"] > 0
     assert {row["seeds"] for row in result.rows()} == {2}
+    sampling = result.rows("sampling")
+    assert {row["batches"] for row in sampling} == {settings.sampling_batches}
+    assert all(0 < row["standard_error"] < row["sampling_variance"] for row in sampling)
+    relations = {row["vs_sampling"] for row in result.rows() if row["bits"] is not None}
+    assert relations <= {"above", "below", "within noise"}
+    assert f"B = {settings.sampling_batches} batches" in " ".join(result.caption.split())
 
 
 def test_unbiased_quantizers_approach_the_qat_gradient(qat_runs):

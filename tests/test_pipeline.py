@@ -101,7 +101,7 @@ def test_what_each_experiment_reads():
         "baseline",
         *(run for run in config["runs"] if run != "baseline"),
     ]
-    assert experiment_reads(config, "A1") == {"baseline": config["seeds"]}  # every seed by default
+    assert experiment_reads(config, "A1")["baseline"] == config["seeds"]  # every seed by default
     config["experiments"]["B1"]["seeds"] = [1]
     assert experiment_reads(config, "B1") == {"qat8": [1]}
     assert experiment_reads(config, "A4") == {}

@@ -6,7 +6,7 @@ import torch
 from helpers import lognormal_gradient
 
 from gradcomp import fp_theory
-from gradcomp.compress import LayerStats, compress
+from gradcomp.compress import LayerStats, compress, plan
 from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Prune, parse_policy
 
 
@@ -63,6 +63,25 @@ def test_prune_policy_refreshes_its_threshold_only_when_asked():
     assert torch.equal(stats.threshold, first)
     compress(policy, g * 100, stats, refresh=True, seed=1)
     assert torch.allclose(stats.threshold, first * 100, rtol=1e-4)
+
+
+def test_dynamic_loss_scaling_backs_off_on_overflow_and_grows_after_clean_steps():
+    """GradScaler's rule across layers: any layer beyond the format's largest value halves the shared scale
+    for the next step; growth_interval clean steps double it."""
+    policy = FloatingPoint("e4m1", scaling="dynamic", global_scale=2.0**16, growth_interval=2)
+    small, large = torch.full((64,), 2.0**-20), torch.full((64,), 2.0**-6)  # 2^-6 * 2^16 > 384: overflow
+    layers = [LayerStats(), LayerStats()]
+    scales = []
+    for step in range(6):
+        plan(policy, layers, refresh=True)
+        scales.append(float(layers[0].scale) if layers[0].scale is not None else None)
+        big = large if step == 0 else small
+        for g, stats in zip((small, big), layers, strict=True):
+            compress(policy, g, stats, True, seed=step)
+    assert scales == [None, 2.0**15, 2.0**15, 2.0**16, 2.0**16, 2.0**17]
+    assert float(layers[1].scale) == float(layers[0].scale)
+    with pytest.raises(ValueError, match="growth_interval"):
+        FloatingPoint("e4m1", scaling="global", growth_interval=5)
 
 
 def test_fp_scales():

@@ -155,7 +155,7 @@ def test_probe_does_not_change_training(tmp_path):
     assert probed["final_test_accuracy"] == plain["final_test_accuracy"]
     assert [m.get("loss") for m in _metrics(probed_dir)] == [m.get("loss") for m in _metrics(plain_dir)]
     data = load_probe(probed_dir / "probe.npz")
-    assert set(data["kind"]) == {"gradient", "weight", "activation"}
+    assert set(data["kind"]) == {"gradient", "gradient_active", "weight", "activation"}
     assert sorted(set(data["step"].tolist())) == [0, 4, 6]
     gradient_rows = data["kind"] == "gradient"
     assert gradient_rows.sum() == 3 * CONVS
@@ -174,7 +174,7 @@ def test_probe_does_not_change_training(tmp_path):
 def test_probe_alone_without_compression(tmp_path):
     summary, run_dir = _run(tmp_path, "probe_only", max_steps=2, probe={"steps": [1], "kinds": ["gradient"]})
     assert summary["gradient_sparsity"] is None
-    assert set(load_probe(run_dir / "probe.npz")["kind"]) == {"gradient"}
+    assert set(load_probe(run_dir / "probe.npz")["kind"]) == {"gradient", "gradient_active"}
 
 
 def test_non_finite_gradients_are_skipped_then_stop_training(tmp_path, monkeypatch):

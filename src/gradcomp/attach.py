@@ -14,6 +14,12 @@ GEMMs) or input (placement "input", e.g. the BatchNorm inputs where the lognorma
   gradient from the activation-path quantizer and the parameter gradients from the weight-path quantizer.
   No second forward pass.
 
+Where the policy reads it (`Policy.uses_bn_output`: prune's reference fit), the attachment also notes which
+entries of the gradient at the output of the BatchNorm that consumes a compressed output are non-zero: an
+identity Function on that BatchNorm's output (for timm's BatchNormAct, on its activation's input) records
+the mask in backward, just before the BatchNorm's backward produces the gradient compressed here. The pairing
+is by tensor identity at forward time, so it follows whatever graph the model builds.
+
 Statistics are refreshed on a schedule (every step, every K steps, or at the first step of each epoch) and
 compression starts after `warmup_steps`. Random seeds derive from (seed, step, layer, stream), so compression
 never draws from torch's global generator.
@@ -22,13 +28,14 @@ never draws from torch's global generator.
 from __future__ import annotations
 
 import fnmatch
+import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
 
-from gradcomp.compress import LayerStats, compress
+from gradcomp.compress import LayerStats, compress, plan
 from gradcomp.config import CompressionConfig
 from gradcomp.policies import Policy
 from gradcomp.rng import mix32
@@ -38,7 +45,8 @@ LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
     "linear": (nn.Linear,),
     "bn": (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d),
 }
-GradientObserver = Callable[[str, Tensor], None]
+# sees (layer name, gradient before compression, mask of non-zero BatchNorm-output gradient or None)
+GradientObserver = Callable[[str, Tensor, Tensor | None], None]
 Reduce = Callable[[Tensor], Tensor]  # sums a tensor over training processes
 
 
@@ -52,6 +60,8 @@ class LayerState:
     refresh: bool = True
     zeros: Tensor | None = None  # zeros in the compressed gradient (on device, no sync)
     numel: int = 0
+    output: Callable[[], Tensor | None] = lambda: None  # weak reference to the last compressed output
+    active: Tensor | None = None  # non-zeros of the following BatchNorm's output gradient, this backward
 
 
 class Attachment:
@@ -68,13 +78,14 @@ class Attachment:
     # --- schedule -------------------------------------------------------------------------------------------
     def begin_step(self, step: int, epoch_start: bool = False) -> None:
         """Call before each training step's backward: decides whether statistics are refreshed."""
-        self.step = step
         refresh = self.config.refresh
         due = (
             refresh == "step"
             or (refresh == "epoch" and epoch_start)
             or (isinstance(refresh, int) and step % refresh == 0)
         )
+        plan(self.policy, [layer.stats for layer in self.layers], due)
+        self.step = step
         for layer in self.layers:
             layer.refresh = layer.refresh or due
 
@@ -90,15 +101,22 @@ class Attachment:
     def _seed(self, layer: LayerState, stream: int) -> int:
         return mix32(mix32(self.seed ^ mix32(self.step)) ^ (layer.index * 2 + stream))
 
+    @property
+    def tracks_bn_output(self) -> bool:
+        """Whether the BatchNorm-output masks are recorded: the policy or an observer reads them."""
+        return self.policy.uses_bn_output or bool(self.observers)
+
     def compress(self, layer: LayerState, g: Tensor, weight_path: bool = False, count: bool = True) -> Tensor:
         """The compressed gradient for one GEMM of `layer` (the weight-gradient one when weight_path)."""
+        active = layer.active if layer.active is not None and layer.active.shape == g.shape else None
         if not weight_path:
+            layer.active = None  # this backward's mask is used once
             for observe in self.observers:
-                observe(layer.name, g)
+                observe(layer.name, g, active)
         if not self.active:
             return g
         seed = self._seed(layer, 1 if weight_path else 0)
-        out = compress(self.policy, g, layer.stats, layer.refresh, seed, weight_path)
+        out = compress(self.policy, g, layer.stats, layer.refresh, seed, weight_path, active)
         if count:
             layer.refresh = False
             zeros = _count_zeros(out)
@@ -128,7 +146,8 @@ class Attachment:
 
     def layer_summary(self, total: Reduce | None = None) -> dict[str, dict]:
         """Per layer: achieved sparsity and the elements it was counted over (summed by `total`, as in
-        `sparsity`), this process's fitted (mu, sigma) of ln|g|, threshold, FP scale and format."""
+        `sparsity`), this process's fitted (mu, sigma) of ln|g|, threshold, FP scale and format, and the
+        share s0 of zeros at the following BatchNorm's output where the fit excluded them (else None)."""
         fmt = getattr(self.policy, "format", None)
         summary = {}
         for layer, (zeros, numel) in zip(self.layers, self._counts(total), strict=True):
@@ -140,6 +159,10 @@ class Attachment:
                 "sigma": _scalar(stats.get("sigma")),
                 "threshold": _scalar(stats.get("threshold")),
                 "scale": _scalar(stats.get("scale")),
+                "bn_zero_share": _scalar(stats.get("bn_zero_share")),
+                "truncation": _scalar(stats.get("truncation")),
+                "allocated": stats.get("target"),
+                "cosine": _scalar(stats.get("cosine")),
                 "format": fmt,
             }
         return summary
@@ -189,10 +212,14 @@ def _leaf_stats(stats: LayerStats) -> dict[str, Tensor]:
     """The statistics of a layer, merged over the members of a chain (later members win)."""
     merged = {}
     for part in [stats, *stats.parts]:
-        for key in ("mu", "sigma", "threshold", "scale"):
+        for key in ("mu", "sigma", "threshold", "scale", "bn_zero_share", "truncation", "target", "cosine"):
             if getattr(part, key) is not None:
                 merged[key] = getattr(part, key)
     return merged
+
+
+# statistics added after the first checkpoints were written (absent from those: the defaults)
+_EXTRA_STATS = ("bn_zero_share", "numel", "truncation", "target", "cosine", "overflow", "clean_steps")
 
 
 def _stats_to_dict(stats: LayerStats) -> dict:
@@ -201,6 +228,7 @@ def _stats_to_dict(stats: LayerStats) -> dict:
         "sigma": stats.sigma,
         "threshold": stats.threshold,
         "scale": stats.scale,
+        **{key: getattr(stats, key) for key in _EXTRA_STATS},
         "parts": [_stats_to_dict(part) for part in stats.parts],
     }
 
@@ -211,13 +239,15 @@ def _stats_from_dict(state: dict) -> LayerStats:
         sigma=state["sigma"],
         threshold=state["threshold"],
         scale=state["scale"],
+        **{key: state[key] for key in _EXTRA_STATS if key in state},
         parts=[_stats_from_dict(part) for part in state["parts"]],
     )
 
 
-class _CompressOutputGradient(torch.autograd.Function):
-    """Identity in forward; compresses the gradient in backward. Marks its input dirty (returns it as the
-    output) rather than returning a view, so that later in-place ops on the activation stay legal."""
+class _LayerIdentity(torch.autograd.Function):
+    """Identity in forward that remembers the attachment and layer for its backward. Marks its input dirty
+    (returns it as the output) rather than returning a view, so that later in-place ops on the activation
+    stay legal."""
 
     @staticmethod
     def forward(ctx, x: Tensor, attachment: Attachment, layer: LayerState) -> Tensor:
@@ -225,9 +255,24 @@ class _CompressOutputGradient(torch.autograd.Function):
         ctx.mark_dirty(x)
         return x
 
+
+class _CompressOutputGradient(_LayerIdentity):
+    """Compresses the gradient in backward."""
+
     @staticmethod
     def backward(ctx, g: Tensor):
         return ctx.attachment.compress(ctx.layer, g), None, None
+
+
+class _RecordActive(_LayerIdentity):
+    """Notes in backward where the gradient (a BatchNorm's output gradient) is non-zero, for the layer whose
+    output that BatchNorm normalised."""
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        if ctx.attachment.tracks_bn_output:
+            ctx.layer.active = g != 0
+        return g, None, None
 
 
 class _TwoStreamLayer(torch.autograd.Function):
@@ -312,16 +357,47 @@ def attach(model: nn.Module, config: CompressionConfig | Policy | str, seed: int
         else:
             handle = module.register_forward_pre_hook(_input_hook(attachment, layer))
             attachment._undo.append(handle.remove)
+    if config.placement == "output" and not config.policy.two_streams:
+        for module in model.modules():
+            if isinstance(module, LAYER_TYPES["bn"]):
+                attachment._undo.extend(_track_bn_output(module, attachment))
     return attachment
 
 
 def _output_hook(attachment: Attachment, layer: LayerState):
     def hook(module: nn.Module, inputs, output):
         if isinstance(output, Tensor) and output.requires_grad:
-            return _CompressOutputGradient.apply(output, attachment, layer)
+            output = _CompressOutputGradient.apply(output, attachment, layer)
+            layer.output = weakref.ref(output)
         return output
 
     return hook
+
+
+def _track_bn_output(bn: nn.Module, attachment: Attachment) -> list[Callable[[], None]]:
+    """Hooks that pair `bn` with the compressed layer whose output it normalises and wrap the BatchNorm's
+    output (for timm's BatchNormAct, the input of its activation) in `_RecordActive`."""
+    current: list[LayerState | None] = [None]
+
+    def find_layer(module: nn.Module, inputs) -> None:
+        current[0] = None
+        if attachment.tracks_bn_output and inputs and isinstance(inputs[0], Tensor):
+            current[0] = next((x for x in attachment.layers if x.output() is inputs[0]), None)
+
+    def wrap(tensor):
+        layer = current[0]
+        if layer is None or not isinstance(tensor, Tensor) or not tensor.requires_grad:
+            return tensor
+        current[0] = None
+        return _RecordActive.apply(tensor, attachment, layer)
+
+    handles = [bn.register_forward_pre_hook(find_layer)]
+    act = getattr(bn, "act", None)
+    if isinstance(act, nn.Module) and not isinstance(act, nn.Identity):
+        handles.append(act.register_forward_pre_hook(lambda m, inputs: (wrap(inputs[0]), *inputs[1:])))
+    else:
+        handles.append(bn.register_forward_hook(lambda m, inputs, output: wrap(output)))
+    return [handle.remove for handle in handles]
 
 
 def _input_hook(attachment: Attachment, layer: LayerState):

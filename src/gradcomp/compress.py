@@ -1,6 +1,8 @@
 """How each policy compresses a layer's neural gradient: the torch side of `gradcomp.policies`.
 
-`compress(policy, g, stats, refresh, seed)` returns the compressed gradient. Per-layer statistics live in a
+`compress(policy, g, stats, refresh, seed, active=...)` returns the compressed gradient; `active` marks the
+entries whose gradient at the following BatchNorm's output is non-zero, where the attachment knows it
+(`Policy.uses_bn_output`). Per-layer statistics live in a
 `LayerStats` (0-d tensors on the gradient's device): they are refreshed from the current gradient when
 `refresh` says so (the attachment's schedule: every step, every K steps or once per epoch) and reused
 otherwise, so compression never synchronises with the host.
@@ -18,7 +20,7 @@ from torch import Tensor
 
 from gradcomp import fp_theory
 from gradcomp.formats import FPFormat
-from gradcomp.lognormal import cosine_threshold, fit_lognormal
+from gradcomp.lognormal import cosine_threshold, expected_sparsity, fit_lognormal, truncation_k
 from gradcomp.ops import (
     gaussian_threshold,
     laplace_threshold,
@@ -42,11 +44,24 @@ class LayerStats:
     sigma: Tensor | None = None  # std of ln|g|
     threshold: Tensor | None = None  # pruning alpha
     scale: Tensor | None = None  # FP scale (a power of two)
+    bn_zero_share: Tensor | None = (
+        None  # s0: share of zeros at the following BatchNorm's output, if fitted so
+    )
+    numel: int = 0  # elements of the last compressed gradient
+    # heterogeneous pruning (Prune.min_cosine)
+    truncation: Tensor | None = None  # k of the truncated cosine, at the last fit
+    target: float | None = None  # the common sparsity allocated by `plan`, before the layer's cosine limit
+    cosine: Tensor | None = None  # measured cosine between pruned and original gradient, last step
+    # dynamic loss scaling (FloatingPoint scaling="dynamic"): the shared scale's state, copied in every layer
+    overflow: Tensor | None = None  # whether this layer's scaled gradient exceeded the format this step
+    clean_steps: int = 0  # steps since the scale last changed without an overflow
     parts: list[LayerStats] = field(default_factory=list)  # one per member of a chain
 
 
-Compressor = Callable[[Policy, Tensor, LayerStats, bool, int, bool], Tensor]
+Compressor = Callable[[Policy, Tensor, LayerStats, bool, int, bool, Tensor | None], Tensor]
+Planner = Callable[[Policy, list[LayerStats], bool], None]
 _COMPRESSORS: dict[type[Policy], Compressor] = {}
+_PLANNERS: dict[type[Policy], Planner] = {}
 
 
 def _implements(policy_type: type[Policy]):
@@ -57,12 +72,28 @@ def _implements(policy_type: type[Policy]):
     return wrap
 
 
+def plan(policy: Policy, layers: list[LayerStats], refresh: bool) -> None:
+    """Decisions that need every layer's statistics, made before each step from the last one's: heterogeneous
+    pruning's allocation (before a refresh), dynamic loss scaling's update (every step). A no-op for
+    policies that treat layers independently."""
+    planner = _PLANNERS.get(type(policy))
+    if planner is not None:
+        planner(policy, layers, refresh)
+
+
 def compress(
-    policy: Policy, g: Tensor, stats: LayerStats, refresh: bool, seed: int, weight_path: bool = False
+    policy: Policy,
+    g: Tensor,
+    stats: LayerStats,
+    refresh: bool,
+    seed: int,
+    weight_path: bool = False,
+    active: Tensor | None = None,
 ) -> Tensor:
     """`policy` applied to the gradient `g`; `weight_path`: the copy fed to the weight-gradient GEMM (the
-    same as the activation path's unless the policy has two streams)."""
-    return _COMPRESSORS[type(policy)](policy, g, stats, refresh, seed, weight_path)
+    same as the activation path's unless the policy has two streams); `active`: a boolean mask of g's
+    shape, the non-zeros of the gradient at the following BatchNorm's output (None: no such BatchNorm)."""
+    return _COMPRESSORS[type(policy)](policy, g, stats, refresh, seed, weight_path, active)
 
 
 def _refresh_log_stats(g: Tensor, stats: LayerStats) -> Tensor:
@@ -73,7 +104,7 @@ def _refresh_log_stats(g: Tensor, stats: LayerStats) -> Tensor:
 
 
 @_implements(NoCompression)
-def _none(policy, g, stats, refresh, seed, weight_path):
+def _none(policy, g, stats, refresh, seed, weight_path, active):
     return g
 
 
@@ -81,29 +112,116 @@ THRESHOLDS = {"gaussian": gaussian_threshold, "laplace": laplace_threshold, "top
 
 
 @_implements(Prune)
-def _prune(policy: Prune, g, stats, refresh, seed, weight_path):
+def _prune(policy: Prune, g, stats, refresh, seed, weight_path, active):
     if refresh or stats.threshold is None:
-        moments = _refresh_log_stats(g, stats)
+        fitted = g.detach()
+        if policy.fit == "bn_nonzero" and active is not None:
+            # entries with a zero BatchNorm-output gradient count as zeros: the fit sees the rest, and the
+            # thresholds below aim the fitted part at (sparsity - s0)/(1 - s0); where s0 >= sparsity that
+            # would prune nothing at all (the reference's choice), so the fit takes every entry instead
+            stats.bn_zero_share = 1 - active.sum(dtype=torch.float32) / active.numel()
+            fitted = fitted * (active | (stats.bn_zero_share >= policy.sparsity))
+        else:
+            stats.bn_zero_share = None
+        stats.numel = g.numel()
+        moments = _refresh_log_stats(fitted, stats)
         if policy.estimator == "lognormal":
-            threshold = lognormal_threshold_from_moments(moments, g.numel(), policy.sparsity)
+            sparsity = policy.sparsity if stats.target is None else stats.target
+            threshold = lognormal_threshold_from_moments(moments, g.numel(), sparsity)
             if policy.min_cosine is not None:
-                alpha_n = cosine_threshold(stats.sigma, policy.min_cosine, policy.truncation)
+                stats.truncation = _truncation(policy, fitted, moments, stats)
+                alpha_n = cosine_threshold(stats.sigma, policy.min_cosine, stats.truncation)
                 threshold = torch.fmin(threshold, alpha_n * torch.exp(stats.mu))  # NaN: no constraint
             stats.threshold = threshold.float()
         else:
-            stats.threshold = THRESHOLDS[policy.estimator](g.detach(), policy.sparsity).float()
-    return stochastic_prune(g, stats.threshold, seed=seed)
+            stats.threshold = THRESHOLDS[policy.estimator](fitted, policy.sparsity).float()
+    out = stochastic_prune(g, stats.threshold, seed=seed)
+    if policy.min_cosine is not None:
+        stats.cosine = torch.nn.functional.cosine_similarity(
+            g.detach().flatten().double(), out.detach().flatten().double(), dim=0
+        )
+    return out
+
+
+def _truncation(policy: Prune, fitted: Tensor, moments: Tensor, stats: LayerStats) -> Tensor:
+    """k of the truncated cosine: the policy's, or the reference's per-layer standardised N/300-th largest
+    ln|g| over the fitted non-zeros."""
+    if policy.truncation is not None:
+        return torch.tensor(policy.truncation, dtype=torch.float64, device=fitted.device)
+    magnitude = fitted.abs().flatten().nan_to_num(nan=0.0, posinf=0.0)
+    count = int(moments[0])
+    if count < 2:
+        return torch.tensor(math.nan, dtype=torch.float64, device=fitted.device)
+    return truncation_k(magnitude[magnitude > 0].double().log(), stats.mu, stats.sigma)
+
+
+def _allocate(policy: Prune, layers: list[LayerStats], refresh: bool) -> None:
+    """Heterogeneous pruning: the common sparsity q with sum_l n_l min(q, Q_l) = sparsity * sum_l n_l, where
+    Q_l = s0 + (1 - s0) S(alpha_c) is the layer's sparsity at its min_cosine threshold (last fit); layers
+    without a fit count at the target. q by bisection (the sum increases with q); capped below 1."""
+    if policy.min_cosine is None or not refresh:
+        return
+    limits, sizes = [], []
+    for stats in layers:
+        fitted = stats.sigma is not None and stats.truncation is not None and stats.numel > 0
+        limit = policy.sparsity
+        if fitted and bool(torch.isfinite(stats.sigma) & torch.isfinite(stats.truncation)):
+            sigma = stats.sigma.double()
+            alpha_n = cosine_threshold(sigma, policy.min_cosine, stats.truncation)
+            s0 = 0.0 if stats.bn_zero_share is None else float(stats.bn_zero_share)
+            limit = s0 + (1 - s0) * float(expected_sparsity(torch.log(alpha_n), sigma))
+        limits.append(limit)
+        sizes.append(max(stats.numel, 1))
+    total = sum(sizes)
+
+    def overall(q: float) -> float:
+        return sum(n * min(q, limit) for n, limit in zip(sizes, limits, strict=True)) / total
+
+    lo, hi = policy.sparsity, _MAX_ALLOCATED
+    if overall(hi) <= policy.sparsity:
+        q = hi  # the cosine limits leave the target out of reach: every layer at its limit
+    else:
+        for _ in range(50):
+            mid = (lo + hi) / 2
+            lo, hi = (mid, hi) if overall(mid) < policy.sparsity else (lo, mid)
+        q = hi
+    for stats in layers:
+        stats.target = q
+
+
+_MAX_ALLOCATED = 0.999  # the largest sparsity heterogeneous pruning gives a layer
+_PLANNERS[Prune] = _allocate
 
 
 @_implements(FloatingPoint)
-def _floating_point(policy: FloatingPoint, g, stats, refresh, seed, weight_path):
-    if refresh or stats.scale is None:
-        if policy.scaling == "global":
-            stats.scale = torch.tensor(policy.global_scale, device=g.device)
-        else:
-            _refresh_log_stats(g, stats)
-            stats.scale = torch.exp2(layer_log2_scale(policy, stats.mu / _LN2, stats.sigma / _LN2)).float()
+def _floating_point(policy: FloatingPoint, g, stats, refresh, seed, weight_path, active):
+    if policy.scaling in ("global", "dynamic"):
+        if stats.scale is None or (refresh and policy.scaling == "global"):  # dynamic: plan() updates it
+            stats.scale = torch.tensor(policy.global_scale, dtype=torch.float32, device=g.device)
+        if policy.scaling == "dynamic":
+            stats.overflow = g.detach().abs().amax() * stats.scale > policy.fmt.max_value
+    elif refresh or stats.scale is None:
+        _refresh_log_stats(g, stats)
+        stats.scale = torch.exp2(layer_log2_scale(policy, stats.mu / _LN2, stats.sigma / _LN2)).float()
     return quantize_fp(g, policy.fmt, scale=stats.scale, rounding=policy.rounding, seed=seed)
+
+
+def _dynamic_scale(policy: FloatingPoint, layers: list[LayerStats], refresh: bool) -> None:
+    """After a step: halve the shared scale if any layer overflowed, double it after `growth_interval`
+    clean steps (one host sync per step, as GradScaler's update)."""
+    flags = [stats.overflow for stats in layers if stats.overflow is not None]
+    if policy.scaling != "dynamic" or not flags:
+        return
+    scale, clean = layers[0].scale, layers[0].clean_steps + 1
+    if bool(torch.stack(flags).any()):
+        scale, clean = scale / 2, 0
+    elif clean >= (policy.growth_interval or 2000):
+        scale, clean = scale * 2, 0
+    for stats in layers:
+        stats.scale, stats.clean_steps, stats.overflow = scale, clean, None
+
+
+_PLANNERS[FloatingPoint] = _dynamic_scale
 
 
 def layer_log2_scale(policy: FloatingPoint, mu2: Tensor, sigma2: Tensor) -> Tensor:
@@ -135,7 +253,7 @@ def _interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
 
 
 @_implements(Integer)
-def _integer(policy: Integer, g, stats, refresh, seed, weight_path):
+def _integer(policy: Integer, g, stats, refresh, seed, weight_path, active):
     scheme = policy.weight_path if weight_path else "same"
     if scheme == "same":
         return quantize_int(g, policy.bits, policy.scheme, seed=seed)
@@ -147,10 +265,18 @@ def _integer(policy: Integer, g, stats, refresh, seed, weight_path):
     return quantize_int(g, policy.weight_bits, "ptq", seed=seed)
 
 
+def _plan_chain(policy: Chain, layers: list[LayerStats], refresh: bool) -> None:
+    for index, member in enumerate(policy.policies):
+        plan(member, [stats.parts[index] for stats in layers if len(stats.parts) > index], refresh)
+
+
+_PLANNERS[Chain] = _plan_chain
+
+
 @_implements(Chain)
-def _chain(policy: Chain, g, stats, refresh, seed, weight_path):
+def _chain(policy: Chain, g, stats, refresh, seed, weight_path, active):
     if len(stats.parts) != len(policy.policies):
         stats.parts = [LayerStats() for _ in policy.policies]
     for index, (member, own) in enumerate(zip(policy.policies, stats.parts, strict=True)):
-        g = compress(member, g, own, refresh, seed + 7919 * index, weight_path)
+        g = compress(member, g, own, refresh, seed + 7919 * index, weight_path, active)
     return g

@@ -72,12 +72,14 @@ class CompressionConfig:
         return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
 
+STEMS = ("model", "3x3", "3x3s2")  # the model's own first layers, or a small-image ResNet stem (models.py)
+
 COMPRESSION_KEYS = tuple(f.name for f in dataclasses.fields(CompressionConfig))
 
 DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "fashion-mnist": {"model": "resnet18", "batch_size": 128, "lr": 0.05, "epochs": 1},
-    "cifar10": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
-    "cifar100": {"model": "resnet18", "cifar_stem": True, "batch_size": 128, "lr": 0.1, "epochs": 200},
+    "cifar10": {"model": "resnet18", "stem": "3x3", "batch_size": 128, "lr": 0.1, "epochs": 200},
+    "cifar100": {"model": "resnet18", "stem": "3x3", "batch_size": 128, "lr": 0.1, "epochs": 200},
     "imagenet": {"model": "resnet18", "batch_size": 256, "lr": 0.1, "epochs": 90, "weight_decay": 1e-4},
     "synthetic": {"model": "resnet10t", "batch_size": 32, "lr": 0.05, "epochs": 2},
 }
@@ -91,7 +93,7 @@ class TrainConfig:
     data_dir: str | None = None
     subset_per_class: int | None = None
     test_subset_per_class: int | None = None
-    cifar_stem: bool = False
+    stem: str = "model"  # one of STEMS: "3x3"/"3x3s2" replace a ResNet's ImageNet stem (models.py)
     model_kwargs: dict = field(default_factory=dict)
     compression: CompressionConfig = field(default_factory=CompressionConfig)
     # optimisation
@@ -127,6 +129,8 @@ class TrainConfig:
             self.compression = CompressionConfig(**self.compression)
         if self.optimizer not in ("sgd", "adamw"):
             raise ValueError(f"optimizer must be sgd or adamw, got {self.optimizer!r}")
+        if self.stem not in STEMS:
+            raise ValueError(f"stem must be one of {', '.join(STEMS)}, got {self.stem!r}")
         if self.lr_schedule not in ("cosine", "step", "constant"):
             raise ValueError(f"lr_schedule must be cosine, step or constant, got {self.lr_schedule!r}")
         for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):

@@ -128,9 +128,27 @@ class Compare(Params):
     runs: tuple[str, ...]
     baseline: str | None = None
 
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        """Every baseline named, in order."""
+        if self.baseline is None:
+            return ()
+        return (self.baseline,) if isinstance(self.baseline, str) else tuple(self.baseline)
+
     def runs_read(self, all_runs: Sequence[str]) -> list[str]:
-        named = [self.baseline] if self.baseline else []
-        return list(dict.fromkeys([*named, *self.runs]))
+        return list(dict.fromkeys([*self.baselines, *self.runs]))
+
+
+@dataclass(frozen=True)
+class CompareWithinModels(Compare):
+    """A5, A8: runs of one or several models; `baseline` names the uncompressed run of each model (one name,
+    or a list), and every arm is compared with the one of its own model (same model, options and stem)."""
+
+    baseline: str | tuple[str, ...] = ()
+
+    def __post_init__(self) -> None:
+        if not self.baselines:
+            raise ValueError("missing settings ['baseline'] (the uncompressed run of each model)")
 
 
 @dataclass(frozen=True)
@@ -146,7 +164,18 @@ class AtCheckpoint(Params):
 
 
 @dataclass(frozen=True)
-class GoodnessOfFit(AtCheckpoint):
+class AcrossModels(AtCheckpoint):
+    """A1-A3: `run`'s probe in detail, next to the probed runs of other architecture families (`models`),
+    each read at the same seeds."""
+
+    models: tuple[str, ...] = ()
+
+    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys([self.run, *self.models]))
+
+
+@dataclass(frozen=True)
+class GoodnessOfFit(AcrossModels):
     distributions: tuple[str, ...] = (
         "lognormal",
         "halfnormal",
@@ -168,26 +197,35 @@ class FpTheory(Params):
 
 @dataclass(frozen=True)
 class Scaling(Params):
-    """A6: a global-scale sweep and per-layer rules for one format; splits of one bit budget."""
+    """A6: a global-scale sweep and other scaling rules for one format; splits of one bit budget."""
 
     baseline: str
-    per_layer: tuple[str, ...]  # the format with each per-layer rule (the first: the reference rule)
-    sweep: tuple[str, ...]  # the same format with one global scale each
+    rules: tuple[str, ...]  # the format with each per-layer or dynamic rule (the first: the reference rule)
+    sweep: tuple[str, ...]  # the same format with one fixed global scale each
     splits: tuple[str, ...]  # the same bits split differently between exponent and mantissa
 
     def runs_read(self, all_runs: Sequence[str]) -> list[str]:
-        return list(dict.fromkeys([self.baseline, *self.per_layer, *self.sweep, *self.splits]))
+        return list(dict.fromkeys([self.baseline, *self.rules, *self.sweep, *self.splits]))
 
 
 @dataclass(frozen=True)
 class FailurePairs(Params):
-    """A10: (failing run, fixing run) pairs."""
+    """A10: the lognormal theory's predictions from each model's measured gradients, next to trained
+    outcomes: (failing run, fixing run) pairs and every other FP run in `arms`."""
 
-    baseline: str
+    baselines: tuple[str, ...]  # each model's uncompressed probed run: its statistics and fp32 reference
     pairs: tuple[tuple[str, str], ...]
+    arms: tuple[str, ...] = ()  # more FP runs whose prediction is set next to their outcome
+    format: str = "e4m1"  # the format whose global-scale window is predicted for each model
+    formats: tuple[str, ...] = ("e5m2", "e4m3", "e4m2", "e4m1", "e3m2", "e3m1", "e3m0", "e5m0")
+    log2_scales: tuple[int, int] = (-16, 48)  # the global scales predicted, 2^a to 2^b
+    # the predicted failure: more of the non-zero values clipped, or flushed to zero, than these shares
+    max_clipped: float = 0.01
+    max_flushed: float = 0.99
 
     def runs_read(self, all_runs: Sequence[str]) -> list[str]:
-        return list(dict.fromkeys([self.baseline, *(run for pair in self.pairs for run in pair)]))
+        paired = [run for pair in self.pairs for run in pair]
+        return list(dict.fromkeys([*self.baselines, *paired, *self.arms]))
 
 
 @dataclass(frozen=True)
@@ -201,7 +239,8 @@ class SyntheticSparsity(Params):
 
 @dataclass(frozen=True)
 class Calibration(Params):
-    """A7: target vs achieved sparsity, on synthetic lognormal gradients and in training runs."""
+    """A7: target vs achieved sparsity, on synthetic lognormal gradients and in training runs (of one model
+    or several, each pruned at its own compression points)."""
 
     runs: tuple[str, ...]
     synthetic: SyntheticSparsity = SyntheticSparsity()
@@ -230,10 +269,26 @@ class BinUsage(AtCheckpoint):
 
 @dataclass(frozen=True)
 class VarianceVsBits(AtCheckpoint):
+    """B2. `batches` x `draws` FQT gradients per (bits, scheme) give the quantization variance;
+    `sampling_batches` QAT gradients (one pass each, far cheaper) give the unbiased minibatch sampling
+    variance and its standard error; the first `batches` of them are the quantization draws' batches."""
+
     bits: tuple[int, ...] = (4, 5, 6, 7, 8)
     batches: int = 4
     draws: int = 2
+    sampling_batches: int = 16
     weight_bits: int | None = None  # None: the swept bits on the weight path too
+
+    def __post_init__(self) -> None:
+        if not self.bits:
+            raise ValueError("bits must name at least one bit width")
+        if self.batches < 1 or self.draws < 1:
+            raise ValueError(f"batches and draws must be at least 1, got {self.batches} and {self.draws}")
+        if self.sampling_batches < 2:
+            raise ValueError(
+                f"sampling_batches must be at least 2 (the unbiased variance divides by B - 1), "
+                f"got {self.sampling_batches}"
+            )
 
 
 @dataclass(frozen=True)
@@ -264,6 +319,20 @@ class EveryRun(Params):
     def runs_read(self, all_runs: Sequence[str]) -> list[str]:
         named = list(all_runs) if self.runs == ALL else list(self.runs)
         return list(dict.fromkeys([*([self.baseline] if self.baseline else []), *named]))
+
+
+@dataclass(frozen=True)
+class PruneWithFp(Compare):
+    """X3: accuracies of prune, FP and prune-then-FP runs, and the mechanism behind them measured on
+    synthetic signed lognormal gradients of `elements` entries per layer with each layer's (mu, sigma) as
+    the FP-alone runs measured them (seeded by `seed`)."""
+
+    elements: int = 2**18
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.elements < 1024:
+            raise ValueError(f"elements must be at least 1024, got {self.elements}")
 
 
 @dataclass(frozen=True)
@@ -318,7 +387,7 @@ register(
     "gradient_histograms",
     "distributions",
     "Neural gradients are near-lognormal",
-    AtCheckpoint,
+    AcrossModels,
     "Neural-gradient magnitudes are heavy-tailed and near-lognormal (ln|g| close to Gaussian); weights and "
     "activations are light-tailed and bell-shaped (Chmiel et al., abstract).",
 )
@@ -336,7 +405,7 @@ register(
     "statistics_over_training",
     "distributions",
     "Per-layer mu and sigma of log2|g| over training",
-    AtCheckpoint,
+    AcrossModels,
     "Per-layer statistics differ, which motivates per-layer ('local') loss scaling derived from (mu, sigma) "
     "(Chmiel et al., abstract).",
 )
@@ -354,7 +423,7 @@ register(
     "fp_formats",
     "fp",
     "Accuracy with FP gradient formats and per-layer scaling",
-    Compare,
+    CompareWithinModels,
     "FP6 gradients without accuracy degradation on ImageNet, with per-layer scaling (Chmiel et al., "
     "abstract).",
 )
@@ -381,7 +450,7 @@ register(
     "accuracy_vs_sparsity",
     "sparsity",
     "Accuracy vs gradient sparsity",
-    Compare,
+    CompareWithinModels,
     "Up to 85% gradient sparsity on ResNet18/ImageNet without accuracy loss (Chmiel et al., abstract).",
 )
 register(
@@ -400,7 +469,8 @@ register(
     "Where low-precision FP gradients fail, and the fix",
     FailurePairs,
     "The lognormal model explains workloads where low-precision FP was reported to fail (Chmiel et al., v1 "
-    "abstract): too few exponent bits for sigma, or one scale for layers with different mu.",
+    "abstract): too few exponent bits for sigma, or one scale for layers with different mu; here its "
+    "predictions from each model's measured gradients are set next to trained outcomes.",
 )
 register(
     "B1",
@@ -460,7 +530,7 @@ register(
     "prune_plus_fp",
     "beyond",
     "Pruning and low-bit FP together",
-    Compare,
+    PruneWithFp,
     "(beyond the papers) no paper claim.",
 )
 

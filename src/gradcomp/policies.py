@@ -26,7 +26,8 @@ from gradcomp.formats import FPFormat, parse_format
 POLICIES: dict[str, type[Policy]] = {}
 FLOAT32_BITS = 32
 ESTIMATORS = ("lognormal", "gaussian", "laplace", "topk")
-SCALINGS = ("per_layer_mean", "per_layer_optimal", "global")
+FITS = ("bn_nonzero", "all")  # Prune.fit
+SCALINGS = ("per_layer_mean", "per_layer_optimal", "global", "dynamic")
 
 
 def register(name: str):
@@ -62,6 +63,12 @@ class Policy:
         """The group a figure legend puts the policy in (X1)."""
         raise NotImplementedError
 
+    @property
+    def uses_bn_output(self) -> bool:
+        """Whether compressing a layer's output gradient reads which entries of the gradient at the
+        following BatchNorm's output are non-zero (see `Prune.fit`)."""
+        return False
+
     def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
         """Bits the compressed neural gradient takes per element in storage, summed over every copy the
         backward pass keeps, given a run's summary (its measured sparsity and per-layer statistics); `then`
@@ -96,15 +103,27 @@ class Prune(Policy):
     Acts by default on every convolution output (the BatchNorm inputs of the lognormal paper, section 2.8),
     not on the classifier, whose output gradient is the loss gradient itself.
 
-    min_cosine: heterogeneous sparsity (section 2.7): a layer whose predicted cosine similarity between
-    pruned and original gradient (lognormal truncated at `truncation` sigmas; 2.713 is the reference
-    code's 99.67th percentile of an exact normal) would fall below it gets the smaller threshold that meets
-    it, hence less sparsity. Lognormal estimator only."""
+    fit: which entries the threshold is fitted on. "bn_nonzero" (the reference code's): the entries whose
+    gradient at the following BatchNorm's output is non-zero (ReLU or max-pool zeroed the others, where
+    BatchNorm's backward leaves only small mean corrections); their share s0 is counted as zeros, so the
+    fitted part is pruned to (sparsity - s0)/(1 - s0) and the small entries mostly go with the threshold.
+    Where s0 >= sparsity (the reference then prunes nothing, leaving the small entries dense) and where a
+    layer has no following BatchNorm, the fit takes all its entries. "all": every non-zero entry.
+
+    min_cosine: heterogeneous sparsity (section 2.7): no layer's predicted cosine similarity between
+    pruned and original gradient (lognormal truncated at `truncation` sigmas) falls below it, and
+    `sparsity` is the overall (element-weighted) target. At each refresh the layers' last fits give the
+    sparsity each may reach at that cosine (closed forms); one common sparsity q is solved so that every
+    layer at min(q, its limit) hits the target overall (water-filling), instead of the reference's fixed
+    compensation of the unconstrained layers. truncation: None (the reference's) measures it per layer
+    and fit as the standardised N/300-th largest ln|g| (2.713 for an exact normal); a number fixes it.
+    Lognormal estimator only."""
 
     sparsity: float = 0.85
     estimator: str = "lognormal"
+    fit: str = "bn_nonzero"
     min_cosine: float | None = None
-    truncation: float = 2.713
+    truncation: float | None = None
     layer_types: ClassVar[tuple[str, ...]] = ("conv",)
 
     def __post_init__(self) -> None:
@@ -114,11 +133,19 @@ class Prune(Policy):
             raise ValueError(
                 f"prune: estimator must be lognormal, gaussian, laplace or topk, got {self.estimator!r}"
             )
+        if self.fit not in FITS:
+            raise ValueError(f"prune: fit must be one of {', '.join(FITS)}, got {self.fit!r}")
         if self.min_cosine is not None:
             if not 0 < self.min_cosine < 1:
                 raise ValueError(f"prune: min_cosine must be in (0, 1), got {self.min_cosine}")
             if self.estimator != "lognormal":
                 raise ValueError("prune: min_cosine needs estimator=lognormal")
+        if self.truncation is not None and not (math.isfinite(self.truncation) and self.truncation > 0):
+            raise ValueError(f"prune: truncation must be a positive number of sigmas, got {self.truncation}")
+
+    @property
+    def uses_bn_output(self) -> bool:
+        return self.fit == "bn_nonzero"
 
     @property
     def label(self) -> str:
@@ -127,6 +154,8 @@ class Prune(Policy):
             label += f" {self.estimator}"
         if self.min_cosine is not None:
             label += f" cos>={self.min_cosine:g}"
+        if self.fit == "all":
+            label += " (all-entries fit)"
         return label
 
     @property
@@ -167,7 +196,11 @@ class FloatingPoint(Policy):
     layer's (mu, sigma) (fp_theory). That error is carried by the large values: for sigma2 above about 3
     binades and few exponent bits it keeps the tail and flushes most elements to zero, which trains badly
     (experiments A6 and A10), hence not the default;
-    global: the fixed `global_scale` (classic loss scaling) for every layer.
+    global: the fixed `global_scale` (classic loss scaling) for every layer;
+    dynamic: dynamic loss scaling as mixed-precision training does it (torch.amp.GradScaler's rule): one
+    scale for every layer, starting at `global_scale`, halved after any step in which a scaled gradient
+    exceeded the format's largest value, doubled after `growth_interval` steps without (None: 2000, as
+    GradScaler). Values beyond the range saturate (or become Inf, by the format); steps are not skipped.
     Acts by default on every convolution output; the paper's final Linear is only monitored (section 2.11).
     """
 
@@ -176,6 +209,7 @@ class FloatingPoint(Policy):
     scaling: str = "per_layer_mean"
     global_scale: float = 1.0
     rounding: str = "nearest"
+    growth_interval: int | None = None
     _fmt: FPFormat = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -186,6 +220,11 @@ class FloatingPoint(Policy):
             raise ValueError(f"fp: rounding must be nearest or stochastic, got {self.rounding!r}")
         if not (math.isfinite(self.global_scale) and self.global_scale > 0):
             raise ValueError(f"fp: global_scale must be positive, got {self.global_scale}")
+        if self.growth_interval is not None and (self.scaling != "dynamic" or self.growth_interval < 1):
+            raise ValueError(
+                f"fp: growth_interval is a number of steps >= 1, for scaling=dynamic only; got "
+                f"{self.growth_interval} with scaling={self.scaling}"
+            )
 
     @property
     def fmt(self) -> FPFormat:
@@ -200,7 +239,26 @@ class FloatingPoint(Policy):
     def scaling_label(self) -> str:
         if self.scaling == "global":
             return f"global 2^{math.log2(self.global_scale):g}"
+        if self.scaling == "dynamic":
+            return f"dynamic from 2^{math.log2(self.global_scale):g}"
         return {"per_layer_mean": "per-layer mean", "per_layer_optimal": "per-layer min-MSE"}[self.scaling]
+
+    @property
+    def scaling_rule(self) -> str:
+        """How the scale is chosen, in words (for captions)."""
+        if self.scaling == "global":
+            return f"one fixed scale 2^{math.log2(self.global_scale):g} for every layer"
+        if self.scaling == "dynamic":
+            return (
+                f"dynamic loss scaling: one scale for every layer, from 2^{math.log2(self.global_scale):g}, "
+                f"halved after a step with a scaled gradient beyond {self.fmt.max_value:g}, doubled after "
+                f"{self.growth_interval or 2000} steps without"
+            )
+        if self.scaling == "per_layer_mean":
+            return (
+                "per layer, the power-of-two scale that puts the mean log2|g| at 2^-3 (the reference's rule)"
+            )
+        return "per layer, the power-of-two scale of least relative MSE for the layer's lognormal fit"
 
     @property
     def label(self) -> str:
@@ -210,7 +268,7 @@ class FloatingPoint(Policy):
 
     @property
     def family(self) -> str:
-        return "FP, global scale" if self.scaling == "global" else "FP, per-layer scale"
+        return "FP, global scale" if self.scaling in ("global", "dynamic") else "FP, per-layer scale"
 
     def _dense_bits(self) -> float:
         return float(self.fmt.bits)
@@ -278,6 +336,10 @@ class Chain(Policy):
     def layer_types(self) -> tuple[str, ...]:  # type: ignore[override]
         """Every layer type a member acts on by default."""
         return tuple(dict.fromkeys(t for p in self.policies for t in p.layer_types))
+
+    @property
+    def uses_bn_output(self) -> bool:
+        return any(p.uses_bn_output for p in self.policies)
 
     def describe(self) -> str:
         return "+".join(p.describe() for p in self.policies)

@@ -21,7 +21,7 @@ import numpy as np
 import torch
 from torch import Tensor, nn
 
-KINDS = ("gradient", "weight", "activation")
+KINDS = ("gradient", "weight", "activation")  # what a probe may be asked for (rows: also gradient_active)
 
 
 @dataclass
@@ -69,10 +69,14 @@ class Probe:
                 if getattr(module, "weight", None) is not None:
                     self.record(name, "weight", module.weight)
 
-    def observe_gradient(self, name: str, gradient: Tensor) -> None:
-        """Observer for `Attachment.observers`: sees each layer's gradient before compression."""
+    def observe_gradient(self, name: str, gradient: Tensor, active: Tensor | None = None) -> None:
+        """Observer for `Attachment.observers`: sees each layer's gradient before compression. With the
+        mask of non-zero gradient at the following BatchNorm's output, also records those entries alone
+        (kind "gradient_active": the population the reference code fits), so analyses show both."""
         if self._due and "gradient" in self.config.kinds:
             self.record(name, "gradient", gradient)
+            if active is not None:
+                self.record(name, "gradient_active", gradient[active])
 
     def _activation_hook(self, name: str):
         def hook(module: nn.Module, inputs, output) -> None:

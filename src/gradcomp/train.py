@@ -155,7 +155,7 @@ _RESUME_KEYS = (
     "lr",
     "lr_schedule",
     "seed",
-    "cifar_stem",
+    "stem",
     "model_kwargs",
 )
 
@@ -338,7 +338,7 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
         train_set.num_classes,
         train_set.in_chans,
         train_set.image_size,
-        config.cifar_stem,
+        config.stem,
         **config.model_kwargs,
     ).to(device)
     if config.forward_bits is not None:

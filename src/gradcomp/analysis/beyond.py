@@ -2,10 +2,20 @@
 
 from __future__ import annotations
 
+import math
+from collections import defaultdict
+
+import numpy as np
+import torch
+from torch import Tensor
+
 from gradcomp.analysis.accuracy import compare_accuracy, noise_floor, per_seed_table, run_row
 from gradcomp.analysis.runs import Run, RunGroup, training_context
+from gradcomp.analysis.seeds import SIGNIFICANT, WITHIN_NOISE, Comparison
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.experiments import Compare, EveryRun
+from gradcomp.compress import LayerStats, compress
+from gradcomp.experiments import EveryRun, PruneWithFp
+from gradcomp.policies import Chain, FloatingPoint
 
 BITS_RULE = """Bits per element count everything the backward pass stores of a layer's neural gradient, per
 element, the same way for every family (Policy.bits_per_element): fp32 and QAT 32; FP formats 1+E+M; integer
@@ -43,12 +53,14 @@ def _pareto(rows: list[dict]) -> list[dict]:
 
 
 def accuracy_vs_bits(settings: EveryRun, runs: dict[str, RunGroup]) -> Result:
+    baseline = runs[settings.baseline] if settings.baseline else None
+    model = (baseline or next(iter(runs.values()))).model
+    runs = {name: group for name, group in runs.items() if group.model == model}  # one model's runs only
     groups = list(runs.values())
     rows = [_row(group) for group in groups]
     front = _pareto(rows)
     for row in rows:
         row["pareto"] = row in front
-    baseline = runs[settings.baseline] if settings.baseline else None
     comparisons = compare_accuracy(
         [
             (runs[row["run"]], baseline)
@@ -56,8 +68,9 @@ def accuracy_vs_bits(settings: EveryRun, runs: dict[str, RunGroup]) -> Result:
             if baseline is not None and row["run"] != baseline.name
         ]
     )
-    caption = f"""Final test accuracy of every training run (mean and 95 % CI over seeds, both axes) against
-        the bits its compressed neural gradients take per element. {BITS_RULE} The line joins the runs on the
+    caption = f"""Final test accuracy of every training run of {model} (mean and 95 % CI over seeds, both
+        axes; runs of other models are left out) against the bits its compressed neural gradients take per
+        element. {BITS_RULE} The line joins the runs on the
         Pareto front of the means (no other run has fewer bits and a higher mean accuracy); whether a front
         run differs from fp32 is tested below, and the differences between neighbouring runs are judged in
         A5, A8 and B4. {training_context(runs)}."""
@@ -85,7 +98,162 @@ def _members(chain: RunGroup, groups: list[RunGroup]) -> list[RunGroup]:
     return [group for group in groups if group.policy.describe() in described]
 
 
-def prune_plus_fp(settings: Compare, runs: dict[str, RunGroup]) -> Result:
+# --- X3 mechanism: what the FP stage does to the |g| mass, alone and after pruning ---------------------
+def fp_mass_effects(fp: FloatingPoint, x: Tensor, mass: float, seed: int = 0) -> dict[str, float]:
+    """`fp` applied to `x` as training applies it (scale fitted on x itself), as shares of the |g| mass
+    `mass` (that of the original gradient; pruning is unbiased, so x carries the same mass in expectation):
+    flushed (|x| of the non-zero entries the format rounds to 0), saturated (what clamping at the format's
+    largest value removes, sum of (|x| - max/scale)+), and the net relative change of the mass
+    (sum |Q(x)| / mass - 1, rounding included); also the share of x's non-zeros flushed and log2 scale."""
+    stats = LayerStats()
+    quantized = compress(fp, x, stats, True, seed)
+    magnitude = x.detach().abs().double()
+    nonzero = magnitude > 0
+    flushed = nonzero & (quantized == 0)
+    clip = fp.fmt.max_value / float(stats.scale)
+    return {
+        "flushed_share": float(magnitude[flushed].sum()) / mass,
+        "saturated_share": float((magnitude - clip).clamp(min=0).sum()) / mass,
+        "mass_change": float(quantized.abs().double().sum()) / mass - 1.0,
+        "flushed_elements": float(flushed.sum()) / max(int(nonzero.sum()), 1),
+        "log2_scale": math.log2(float(stats.scale)),
+    }
+
+
+def signed_lognormal(mu: float, sigma: float, elements: int, seed: int) -> Tensor:
+    """`elements` values +-exp(mu + sigma z), z standard normal, random signs (float32)."""
+    generator = torch.Generator().manual_seed(seed)
+    magnitude = torch.exp(mu + sigma * torch.randn(elements, generator=generator, dtype=torch.float64))
+    sign = torch.randint(0, 2, (elements,), generator=generator).double() * 2 - 1
+    return (sign * magnitude).float()
+
+
+def chain_mass_effects(chain: Chain, g: Tensor, seed: int = 0) -> dict[str, dict[str, float]]:
+    """The FP member of `chain` on g alone ("alone") and after the members before it ("chain"), each with
+    its own statistics fitted on its own input, as `Chain` does (the FP scale refitted on the pruned
+    tensor)."""
+    index = next(i for i, member in enumerate(chain.policies) if isinstance(member, FloatingPoint))
+    fp = chain.policies[index]
+    mass = float(g.abs().double().sum())
+    x = g
+    for step, member in enumerate(chain.policies[:index]):
+        x = compress(member, x, LayerStats(), True, seed + 7919 * (step + 1))
+    return {"alone": fp_mass_effects(fp, g, mass, seed), "chain": fp_mass_effects(fp, x, mass, seed)}
+
+
+def _layer_statistics(groups: list[RunGroup]) -> tuple[str, dict[str, tuple[float, float, float]]]:
+    """(run name, layer -> (mu, sigma, elements)) of ln|g| as measured, mean over seeds, from the first
+    group whose summaries have them (the FP-alone run first: its statistics are of the raw gradient)."""
+    for group in groups:
+        layers: dict[str, list[tuple[float, float, float]]] = defaultdict(list)
+        for run in group.runs.values():
+            for name, layer in (run.summary.get("layers") or {}).items():
+                mu, sigma = layer.get("mu"), layer.get("sigma")
+                if mu is not None and sigma is not None and math.isfinite(mu) and math.isfinite(sigma):
+                    layers[name].append((mu, sigma, float(layer.get("elements") or 1.0)))
+        if layers:
+            return group.name, {name: tuple(np.mean(v, axis=0)) for name, v in layers.items()}
+    return "", {}
+
+
+MECHANISM_KEYS = ("flushed_share", "saturated_share", "mass_change", "flushed_elements", "log2_scale")
+
+
+def mechanism(settings: PruneWithFp, chain: RunGroup, arms: list[RunGroup]) -> tuple[list[dict], list[dict]]:
+    """Per layer and over the layers (weighted by elements): the FP member's flushed and saturated shares of
+    the |g| mass alone and within `chain`, on synthetic signed lognormal gradients with each layer's measured
+    (mu, sigma)."""
+    members = _members(chain, arms)
+    fp_runs = [group for group in members if isinstance(group.policy, FloatingPoint)]
+    source, layers = _layer_statistics(fp_runs + [group for group in members if group not in fp_runs])
+    per_layer, total = [], defaultdict(float)
+    weight = 0.0
+    for index, (name, (mu, sigma, elements)) in enumerate(layers.items()):
+        g = signed_lognormal(mu, sigma, settings.elements, settings.seed + index)
+        effects = chain_mass_effects(chain.policy, g, settings.seed + index)
+        for arm, numbers in effects.items():
+            per_layer.append({"chain": chain.label, "layer": name, "arm": arm, "sigma_ln": sigma, **numbers})
+            for key, number in numbers.items():
+                total[arm, key] += elements * number
+        weight += elements
+    sigmas = [sigma for _, sigma, _ in layers.values()]
+    summary = (
+        [
+            {
+                "chain": chain.label,
+                "fp": next(p for p in chain.policy.policies if isinstance(p, FloatingPoint)).label,
+                "arm": arm,
+                "statistics_from": source,
+                "layers": len(layers),
+                "sigma_ln_min": min(sigmas),
+                "sigma_ln_max": max(sigmas),
+                **{key: total[arm, key] / weight for key in MECHANISM_KEYS},
+            }
+            for arm in ("alone", "chain")
+        ]
+        if layers
+        else []
+    )
+    return summary, per_layer
+
+
+def _scaling_rules(arms: list[RunGroup]) -> str:
+    """How each FP policy of the runs scales a layer, read from the policy objects (alone, and after what
+    ran before it in a chain), with its refresh schedule from the runs' configs."""
+    contexts: dict[FloatingPoint, list[str]] = defaultdict(list)
+    refresh: dict[FloatingPoint, set[str]] = defaultdict(set)
+    for group in arms:
+        members = getattr(group.policy, "policies", (group.policy,))
+        for index, member in enumerate(members):
+            if isinstance(member, FloatingPoint):
+                before = " + ".join(p.label for p in members[:index])
+                context = f"the {before} tensor's non-zeros" if before else "the layer's gradient"
+                if context not in contexts[member]:
+                    contexts[member].append(context)
+                refresh[member].add(str(group.config.get("compression", {}).get("refresh", "step")))
+    rules = []
+    for fp, where in contexts.items():
+        where_text = " or ".join(where)
+        rule = fp.scaling_rule
+        if fp.scaling.startswith("per_layer"):
+            rule += f", fitted on {where_text}"
+        rounding = "stochastic" if fp.rounding == "stochastic" else "nearest"
+        rules.append(
+            f"{fp.label} (values up to {fp.fmt.max_value:g}, smallest {fp.fmt.min_subnormal:g}, rounding to "
+            f"{rounding}): {rule}, refitted every {' or '.join(sorted(refresh[fp]))}"
+        )
+    return "; ".join(rules)
+
+
+def _chain_statement(comparison: Comparison, summary: list[dict]) -> str:
+    """The paired verdict of chain vs its FP member alone, and the measured mechanism next to it."""
+    alone, chained = (next(r for r in summary if r["arm"] == arm) for arm in ("alone", "chain"))
+    lost = {r["arm"]: r["saturated_share"] + r["flushed_share"] for r in (alone, chained)}
+    shift = alone["log2_scale"] - chained["log2_scale"]
+    rounding = chained["mass_change"] + lost["chain"]
+    helps = lost["chain"] < lost["alone"]
+    if comparison.verdict == SIGNIFICANT:
+        verdict = "pruning first " + ("recovers" if comparison.difference > 0 else "costs") + " accuracy"
+    elif comparison.verdict == WITHIN_NOISE:
+        verdict = "within the seed noise, so these runs do not show that pruning first changes the accuracy"
+        if (comparison.difference > 0) == helps:
+            verdict += " (the difference has the sign the mechanism below predicts)"
+    else:
+        verdict = "so no verdict"
+    return (
+        f"{comparison.statement}: {verdict}. Mechanism (synthetic signed lognormal gradients with the "
+        f"per-layer (mu, sigma) measured in {alone['statistics_from']}, sigma {alone['sigma_ln_min']:.2f}-"
+        f"{alone['sigma_ln_max']:.2f} ln units over {alone['layers']} layers, weighted by elements): "
+        f"{alone['fp']} alone saturates {alone['saturated_share']:.1%} and flushes "
+        f"{alone['flushed_share']:.1%} of the |g| mass (net change of the mass {alone['mass_change']:+.1%}); "
+        f"after pruning, the scale refitted on the survivors is {shift:.1f} binades smaller and the FP stage "
+        f"saturates {chained['saturated_share']:.1%} and flushes {chained['flushed_share']:.1%} (net "
+        f"{chained['mass_change']:+.1%}, of which {rounding:+.1%} is rounding to the format's grid, e.g. of "
+        f"the survivors raised to the threshold alpha)."
+    )
+
+
+def prune_plus_fp(settings: PruneWithFp, runs: dict[str, RunGroup]) -> Result:
     baseline = runs[settings.baseline]
     arms = [runs[name] for name in settings.runs if name != settings.baseline]
     chains = [group for group in arms if _members(group, arms)]
@@ -95,18 +263,42 @@ def prune_plus_fp(settings: Compare, runs: dict[str, RunGroup]) -> Result:
         {**run_row(group, accuracy=lambda run: run.accuracy, bits=_bits), "policy": group.policy.describe()}
         for group in [baseline, *arms]
     ]
-    caption = f"""Final test accuracy (bars: mean over seeds, 95 % CI and every seed) and bits per gradient
-        element (labels) of stochastic pruning alone, low-bit FP alone and the chain prune-then-FP, where the
-        survivors of pruning (including the values raised to the threshold) are rounded to the FP format with
-        its own per-layer scale ({", ".join(sorted({a.policy.label for a in arms}))}), against fp32 (dashed).
-        {BITS_RULE} {training_context(runs)}. Comparisons: each chain against each of its members alone, and
-        every run against fp32; paired by seed."""
+    mechanism_rows, layer_rows, notes = [], [], []
+    by_pair = {(c.a, c.b): c for c in comparisons}
+    for chain in chains:
+        if not any(isinstance(p, FloatingPoint) for p in chain.policy.policies):
+            continue
+        summary, per_layer = mechanism(settings, chain, arms)
+        mechanism_rows += summary
+        layer_rows += per_layer
+        fp_alone = [g for g in _members(chain, arms) if isinstance(g.policy, FloatingPoint)]
+        if summary and fp_alone:
+            notes.append(_chain_statement(by_pair[chain.label, fp_alone[0].label], summary))
+    caption = f"""Final test accuracy (bars: mean over seeds, 95 % CI and every seed; bits per gradient
+        element under each label) of stochastic pruning alone, low-bit FP alone and the chain prune-then-FP,
+        where the survivors of pruning (including the values raised to the threshold alpha) are rounded to
+        the FP format, against fp32 (dashed). FP scaling, as the runs' policies set it:
+        {_scaling_rules(arms)}.
+        {BITS_RULE} {training_context(runs)}. Comparisons: each chain against each of its members alone,
+        and every run against fp32; paired by seed. Right: the mechanism, on {settings.elements:,} synthetic
+        signed lognormal values per layer with each layer's measured (mu, sigma) (the threshold fitted on
+        all of them: no BatchNorm mask): the share of the |g| mass the FP stage saturates (clamps at the
+        format's largest value) or flushes to zero, alone and after pruning (the scale refitted on the
+        pruned tensor)."""
     return Result(
         caption=caption,
         tables={
             "main": Table("Pruning combined with low-bit FP", rows),
+            "mechanism": Table(
+                "What the FP stage does to the |g| mass, alone and after pruning", mechanism_rows
+            ),
+            "mechanism_layers": Table("Mechanism per layer", layer_rows, markdown=False),
             "seeds": per_seed_table([baseline, *arms]),
         },
         comparisons=comparisons,
-        headline=noise_floor(baseline),
+        headline={
+            **noise_floor(baseline),
+            **{f"{r['chain']} | {r['arm']}": {k: r[k] for k in MECHANISM_KEYS[:3]} for r in mechanism_rows},
+        },
+        notes=notes,
     )

@@ -3,20 +3,30 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import numpy as np
 import torch
+from scipy import stats
 
 from gradcomp import fp_theory
-from gradcomp.analysis.accuracy import compare_accuracy, noise_floor, per_seed_table, run_row, with_gaps
-from gradcomp.analysis.runs import RunGroup, training_context
+from gradcomp.analysis.accuracy import (
+    WithinModels,
+    compare_accuracy,
+    noise_floor,
+    per_seed_table,
+    run_row,
+    with_gaps,
+)
+from gradcomp.analysis.runs import RunGroup, one_per_model, training_context
 from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.compress import layer_log2_scale
-from gradcomp.experiments import Compare, FailurePairs, FpTheory, Scaling
-from gradcomp.formats import parse_format
+from gradcomp.experiments import CompareWithinModels, FailurePairs, FpTheory, Scaling
+from gradcomp.formats import FPFormat, parse_format
 from gradcomp.ops import quantize_fp
 from gradcomp.policies import FloatingPoint
+from gradcomp.probe import load_probe
 
 _LN2 = math.log(2.0)
 MONTE_CARLO_FORMATS = ("e5m2", "e4m3", "e4m1", "e3m1", "e3m0")
@@ -162,48 +172,57 @@ def _baseline_row(group: RunGroup) -> dict:
     return {**run_row(group), "format": group.label, "bits": 32, "scaling": None}
 
 
-def _scaling_context(policy: FloatingPoint) -> str:
-    return {
-        "per_layer_mean": "a per-layer power-of-two scale that puts the layer's log2 mean of |g| at 2^-3 "
-        "(the reference code's rule)",
-        "per_layer_optimal": "the per-layer power-of-two scale of minimum relative MSE",
-        "global": "one global scale",
-    }[policy.scaling]
-
-
-def fp_formats(settings: Compare, runs: dict[str, RunGroup]) -> Result:
-    baseline = runs[settings.baseline]
-    arms = [runs[name] for name in settings.runs if name != settings.baseline]
-    comparisons = compare_accuracy([(arm, baseline) for arm in arms])
-    rows = [
-        _baseline_row(baseline),
-        *sorted((_fp_row(a) for a in arms), key=lambda r: (-r["bits"], r["format"])),
-    ]
-    with_gaps(rows, comparisons, baseline.label)
-    rounding = {arm.policy.rounding for arm in arms}
-    caption = f"""Final test accuracy when every convolution's output gradient is rounded
-        ({"/".join(rounding)}) to an n-bit [1,E,M] format after {_scaling_context(arms[0].policy)}, refreshed
-        every step; dashed line and band: the uncompressed run ({baseline.label}; mean and 95 % CI). Bars:
-        mean over seeds with 95 % CI; dots: each seed. {training_context(runs)}. Gaps are paired by seed
-        (same initialisation and data order) and tested with a paired t-test."""
+def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
+    models = WithinModels.of(settings.baselines, settings.runs, runs, "experiments.A5.baseline")
+    comparisons = models.gaps()
+    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=True)}
+    rows, headline = [], {}
+    for baseline in models.baselines:
+        arms = models.arms_of(baseline)
+        model = {"model": models.name(baseline)}
+        ordered = sorted((_fp_row(arm) for arm in arms), key=lambda r: (-r["bits"], r["format"]))
+        rows += [model | _baseline_row(baseline), *(model | row for row in ordered)]
+        headline[models.name(baseline)] = models.headline(baseline, gaps)
+    with_gaps(rows, gaps)
+    rounding = "/".join(dict.fromkeys(arm.policy.rounding for arm in models.arms))
+    scaling = "; ".join(dict.fromkeys(arm.policy.scaling_rule for arm in models.arms))
+    panels = "one panel per model, each with" if models.several else "with"
+    caption = f"""Final test accuracy when the gradient at every compression point of the model (below) is
+        rounded ({rounding}) to an n-bit [1,E,M] format, scaled {scaling}, refreshed every step;
+        {panels} the dashed line and band of the
+        uncompressed run of {"its" if models.several else "the"} model (mean and 95 % CI). Bars: mean over
+        seeds with 95 % CI; dots: each seed. Models ({models.caption()}). {training_context(runs)}. Each
+        format is compared with the uncompressed run of its own model, paired by seed (same initialisation
+        and data order) with a paired t-test; the headline gives, per model, the noise floor (the
+        baseline's seed-to-seed sd) and each format's gap with its interval."""
     return Result(
         caption=caption,
         tables={
             "main": Table("Accuracy with FP gradient formats", rows),
-            "seeds": per_seed_table([baseline, *arms]),
+            "baseline": Table(
+                "Uncompressed run of each model",
+                [{"model": models.name(b), **run_row(b)} for b in models.baselines],
+                markdown=False,
+            ),
+            "seeds": per_seed_table([*models.baselines, *models.arms]),
         },
         comparisons=comparisons,
-        headline=noise_floor(baseline),
+        headline=headline,
     )
 
 
 # --- A6 -----------------------------------------------------------------------------------------------------
+def _log2_range(sweep: list[RunGroup]) -> str:
+    scales = [math.log2(group.policy.global_scale) for group in sweep]
+    return f"{min(scales):g} to 2^{max(scales):g}" if scales else "none"
+
+
 def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
     baseline = runs[settings.baseline]
-    per_layer = [runs[name] for name in settings.per_layer]
+    rules = [runs[name] for name in settings.rules]
     sweep = sorted((runs[name] for name in settings.sweep), key=lambda group: group.policy.global_scale)
     splits = [runs[name] for name in settings.splits]
-    reference = per_layer[0]
+    reference = rules[0]
     sigma2 = float(np.nanmean([_mean_sigma2(group) for group in splits])) if splits else math.nan
     bits = splits[0].policy.fmt.bits if splits else None
     predicted = (
@@ -212,7 +231,7 @@ def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
         else None
     )
     predicted_group = next((g for g in splits if g.policy.fmt.exp_bits == predicted), None)
-    pairs = [(group, reference) for group in [*sweep, *per_layer[1:]]]
+    pairs = [(group, reference) for group in [*sweep, *rules[1:]]]
     if predicted_group is not None:
         pairs += [(group, predicted_group) for group in splits if group is not predicted_group]
     comparisons = compare_accuracy(pairs)
@@ -224,22 +243,23 @@ def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
             "mean_sigma2": _mean_sigma2(group),
         }
         for part, groups, row in (
-            ("per-layer", per_layer, _fp_row),
+            ("rule", rules, _fp_row),
             ("global sweep", sweep, _fp_row),
             ("split", splits, _fp_row),
             ("fp32", [baseline], _baseline_row),
         )
         for group in groups
     ]
-    caption = f"""(a) Final test accuracy of {reference.policy.format_label} gradients with one global loss
-        scale for every layer, against log2 of that scale (mean and 95 % CI over seeds), next to the
-        per-layer rules (horizontal lines and bands: {", ".join(g.policy.scaling_label for g in per_layer)})
-        and fp32 (dashed). (b) The {bits}-bit splits {", ".join(g.policy.format_label for g in splits)} with
-        the per-layer mean rule; the title gives the split the MSE theory (saturating grid with subnormals)
-        predicts from the mean sigma2 measured in these runs (the mean over layers and seeds of each layer's
-        last fit). {training_context(runs)}. Comparisons: each global scale and each other per-layer rule
-        against the {reference.policy.scaling_label} rule, each split against the predicted one; paired by
-        seed."""
+    rule_text = "; ".join(f"{g.policy.scaling_label}: {g.policy.scaling_rule}" for g in rules)
+    split_text = ", ".join(g.policy.format_label for g in splits)
+    caption = f"""(a) Final test accuracy of {reference.policy.format_label} gradients with one fixed global
+        loss scale for every layer, against log2 of that scale (2^{_log2_range(sweep)}; mean and 95 % CI over
+        seeds), next to the other scaling rules (horizontal lines and bands: {rule_text}) and fp32
+        (dashed). (b) The {bits}-bit splits {split_text} with the per-layer mean rule; the title gives the
+        split the MSE theory (saturating grid with subnormals) predicts from the mean sigma2 measured in
+        these runs (the mean over layers and seeds of each layer's last fit). {training_context(runs)}.
+        Comparisons: each global scale and each other rule against the {reference.policy.scaling_label}
+        rule, each split against the predicted one; paired by seed."""
     headline = {
         **noise_floor(baseline),
         "predicted_exp_bits": predicted,
@@ -249,7 +269,7 @@ def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
         caption=caption,
         tables={
             "main": Table("Loss scaling and exponent/mantissa split", rows),
-            "seeds": per_seed_table([*per_layer, *sweep, *splits, baseline]),
+            "seeds": per_seed_table([*rules, *sweep, *splits, baseline]),
         },
         comparisons=comparisons,
         headline=headline,
@@ -257,79 +277,313 @@ def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
 
 
 # --- A10 ----------------------------------------------------------------------------------------------------
-def _range_losses(stats: RunGroup, policy: FloatingPoint) -> list[dict]:
-    """Per layer (input to output): the lognormal's predicted shares of non-zero gradients that `policy`
-    flushes to zero (below half the smallest subnormal after scaling) and clips at its largest value, from
-    the (mu, sigma) measured in `stats` (mean over its seeds)."""
-    low, high = math.log2(policy.fmt.min_subnormal / 2), math.log2(policy.fmt.max_value)
-    shares: dict[str, list[tuple[float, float]]] = {}
-    for run in stats.runs.values():
-        for name, layer in run.summary["layers"].items():
-            if not (layer.get("sigma") and math.isfinite(layer["sigma"])):
-                continue
-            mu2, sigma2 = layer["mu"] / _LN2, layer["sigma"] / _LN2
-            scale = layer_log2_scale(policy, *(torch.tensor(v, dtype=torch.float64) for v in (mu2, sigma2)))
-            centre = mu2 + float(scale)
-            flushed = 0.5 * math.erfc(-(low - centre) / sigma2 / math.sqrt(2))
-            clipped = 0.5 * math.erfc((high - centre) / sigma2 / math.sqrt(2))
-            shares.setdefault(name, []).append((flushed, clipped))
-    return [
-        {
-            "layer": name,
-            "index": index,
-            "flushed": float(np.mean([f for f, _ in values])),
-            "clipped": float(np.mean([c for _, c in values])),
+@dataclass(frozen=True)
+class _Layers:
+    """A model's measured per-layer log2 statistics of its neural gradients (non-zero entries, last probed
+    step of the uncompressed run, mean over its seeds) and element counts: what the theory predicts from."""
+
+    names: list[str]
+    mu2: torch.Tensor
+    sigma2: torch.Tensor
+    elements: torch.Tensor
+
+    @classmethod
+    def of(cls, group: RunGroup) -> _Layers:
+        by_layer: dict[str, list[tuple[float, float, float]]] = {}
+        for run in group.runs.values():
+            probe = load_probe(run.folder / "probe.npz")
+            last = probe["step"].max()
+            rows = np.flatnonzero((probe["kind"] == "gradient") & (probe["step"] == last))
+            for i in rows:
+                if np.isfinite(probe["log2_std"][i]) and probe["log2_std"][i] > 0:
+                    values = (
+                        probe["log2_mean"][i],
+                        probe["log2_std"][i],
+                        probe["count"][i] - probe["zeros"][i],
+                    )
+                    by_layer.setdefault(str(probe["layer"][i]), []).append(tuple(map(float, values)))
+        if not by_layer:
+            raise ValueError(f"run {group.name!r}: its probe has no gradient statistics (set runs.*.probe)")
+        columns = [torch.tensor([np.mean(c) for c in zip(*v, strict=True)]) for v in by_layer.values()]
+        mu2, sigma2, elements = (torch.stack(column).double() for column in zip(*columns, strict=True))
+        return cls(list(by_layer), mu2, sigma2, elements)
+
+    def rule_scales(self, policy: FloatingPoint) -> torch.Tensor:
+        """The per-layer log2 scales a fixed or per-layer rule gives these layers."""
+        pairs = zip(self.mu2, self.sigma2, strict=True)
+        return torch.stack([layer_log2_scale(policy, mu2, sigma2) for mu2, sigma2 in pairs])
+
+    def predict(self, fmt: FPFormat, log2_scales: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Per layer (last axis) at the given log2 scales (broadcast against the layers): the shares of
+        non-zero values flushed to zero (below half the smallest subnormal) and clipped (beyond the largest
+        value), and the relative MSE of nearest rounding (fp_theory)."""
+        centre = self.mu2 + log2_scales
+        low, high = math.log2(fmt.min_subnormal / 2), math.log2(fmt.max_value)
+        normal = torch.distributions.Normal(centre, self.sigma2)
+        return {
+            "flushed": normal.cdf(torch.tensor(low, dtype=torch.float64)),
+            "clipped": 1 - normal.cdf(torch.tensor(high, dtype=torch.float64)),
+            "relative_mse": fp_theory.relative_mse(fmt.positive_values(), self.sigma2, centre),
         }
-        for index, (name, values) in enumerate(shares.items())
-    ]
+
+    def summarise(self, prediction: dict[str, torch.Tensor]) -> dict[str, float]:
+        """Element-weighted flushed and clipped shares; relative MSE averaged over layers (each layer's error
+        relative to its own gradient's energy) and its worst layer."""
+        weights = self.elements / self.elements.sum()
+        mse = prediction["relative_mse"]
+        return {
+            "predicted_flushed": float((prediction["flushed"] * weights).sum(-1)),
+            "predicted_clipped": float((prediction["clipped"] * weights).sum(-1)),
+            "predicted_relative_mse": float(mse.mean(-1)),
+            "predicted_worst_layer_mse": float(mse.max(-1).values),
+        }
+
+
+def _log2_scales(group: RunGroup, layers: _Layers) -> torch.Tensor:
+    """The per-layer log2 scales `group`'s FP policy applies to these gradients: the rule's own for fixed and
+    per-layer rules; for dynamic loss scaling the scale its runs settled at (mean over seeds)."""
+    policy = _fp_member(group)
+    if policy.scaling == "dynamic":
+        settled = [
+            math.log2(layer["scale"])
+            for run in group.runs.values()
+            for layer in run.summary["layers"].values()
+            if layer.get("scale")
+        ]
+        return torch.full_like(layers.mu2, float(np.mean(settled)))
+    return torch.stack(
+        [layer_log2_scale(policy, m, s) for m, s in zip(layers.mu2, layers.sigma2, strict=True)]
+    )
+
+
+def _fp_member(group: RunGroup) -> FloatingPoint:
+    policies = getattr(group.policy, "policies", (group.policy,))
+    fp = [policy for policy in policies if isinstance(policy, FloatingPoint)]
+    if len(fp) != 1 or len(policies) != 1:
+        raise ValueError(f"A10 predicts FP runs only; run {group.name!r} is {group.policy.describe()}")
+    return fp[0]
+
+
+def _model_of(group: RunGroup, baselines: dict[str, RunGroup]) -> RunGroup:
+    """The uncompressed run of `group`'s model."""
+    own = one_per_model(list(baselines.values()), "experiments.A10.baselines").get(group.model)
+    if own is None:
+        raise ValueError(
+            f"run {group.name!r} ({group.model}) has no baseline of its model among "
+            f"{', '.join(baselines)}: add it to experiments.A10.baselines"
+        )
+    return own
 
 
 def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
-    baseline = runs[settings.baseline]
-    pairs = [(runs[failing], runs[fixing]) for failing, fixing in settings.pairs]
-    comparisons = compare_accuracy([(fixing, failing) for failing, fixing in pairs])
-    rows, layers = [], []
-    for (failing, fixing), comparison in zip(pairs, comparisons, strict=True):
-        losses = _range_losses(fixing, failing.policy)
-        layers += [{"failing": failing.label, "fixing": fixing.label, **loss} for loss in losses]
-        rows.append(
-            {
-                "failing_run": failing.name,
-                "failing": failing.label,
-                **failing.estimate(lambda run: run.accuracy).columns("failing_accuracy"),
-                "fixing_run": fixing.name,
-                "fixing": fixing.label,
-                **fixing.estimate(lambda run: run.accuracy).columns("fixing_accuracy"),
-                "seeds": comparison.seeds,
-                "recovered_pt": comparison.difference,
-                "verdict": comparison.verdict,
-                "mean_predicted_flushed_share": float(np.mean([x["flushed"] for x in losses]))
-                if losses
-                else None,
-                "mean_predicted_clipped_share": float(np.mean([x["clipped"] for x in losses]))
-                if losses
-                else None,
-                **failing.estimate(lambda run: run.sparsity).columns("failing_sparsity"),
-            }
+    baselines = {name: runs[name] for name in settings.baselines}
+    layers = {name: _Layers.of(group) for name, group in baselines.items()}
+    arms = [runs[name] for name in dict.fromkeys([*(r for p in settings.pairs for r in p), *settings.arms])]
+    own = {arm.name: _model_of(arm, baselines) for arm in arms}
+    predicted = {
+        arm.name: layers[own[arm.name].name].summarise(
+            layers[own[arm.name].name].predict(
+                _fp_member(arm).fmt, _log2_scales(arm, layers[own[arm.name].name])
+            )
         )
-    caption = f"""(a) Final test accuracy of each failing configuration (red) next to the change that fixes
-        it (green), mean and 95 % CI over seeds with every seed's point, and fp32 (dashed, band: 95 % CI),
-        for the pairs the config lists. Mechanisms of the lognormal analysis: one global loss scale for
-        layers whose mu2 lie many binades apart, so that some layers clip or flush (fix: per-layer scaling);
-        a per-layer scale chosen for minimum relative MSE, which at large sigma2 keeps the high-energy tail
-        and flushes most values to zero (fix: the mean rule); too few exponent bits for the gradients' sigma2
-        (fix: the same bit budget with more exponent bits). (b) Why: per layer, the lognormal's predicted
-        share of non-zero gradients each failing configuration flushes to zero (solid) or clips at the
-        format's largest value (dashed), from the layers' (mu, sigma) measured in the fixing run (mean over
-        seeds). {training_context(runs)}. Recoveries are paired by seed and tested with a paired t-test."""
+        for arm in arms
+    }
+    gaps = compare_accuracy([(arm, own[arm.name]) for arm in arms])
+    outcome = {
+        arm.name: {
+            "run": arm.name,
+            "model": arm.model,
+            "label": arm.label,
+            "log2_global_scale": math.log2(_fp_member(arm).global_scale)
+            if _fp_member(arm).scaling == "global"
+            else None,
+            **predicted[arm.name],
+            **arm.estimate(lambda run: run.accuracy).columns("accuracy"),
+            "predicted_fails": _fails(predicted[arm.name], settings),
+            "gap_pt": gap.difference,
+            "gap_ci_low": gap.ci_low,
+            "gap_ci_high": gap.ci_high,
+            "verdict": gap.verdict,
+            "seeds": gap.seeds,
+        }
+        for arm, gap in zip(arms, gaps, strict=True)
+    }
+    recoveries = compare_accuracy([(runs[fixing], runs[failing]) for failing, fixing in settings.pairs])
+    pairs = [
+        {
+            "failing": runs[failing].label,
+            "fixing": runs[fixing].label,
+            "model": runs[failing].model,
+            "failing_predicted_relative_mse": predicted[failing]["predicted_relative_mse"],
+            "fixing_predicted_relative_mse": predicted[fixing]["predicted_relative_mse"],
+            "failing_predicted_flushed": predicted[failing]["predicted_flushed"],
+            "failing_predicted_clipped": predicted[failing]["predicted_clipped"],
+            **runs[failing].estimate(lambda run: run.accuracy).columns("failing_accuracy"),
+            **runs[fixing].estimate(lambda run: run.accuracy).columns("fixing_accuracy"),
+            "failing_run": failing,
+            "fixing_run": fixing,
+            "recovered_pt": comparison.difference,
+            "verdict": comparison.verdict,
+            "seeds": comparison.seeds,
+        }
+        for (failing, fixing), comparison in zip(settings.pairs, recoveries, strict=True)
+    ]
+    window, per_model, formats = _windows(settings, baselines, layers)
+    order = [row for row in outcome.values() if row["gap_pt"] is not None and math.isfinite(row["gap_pt"])]
+    correlation = (
+        stats.spearmanr([row["predicted_relative_mse"] for row in order], [-row["gap_pt"] for row in order])
+        if len(order) > 2
+        else None
+    )
+    swept = FloatingPoint(settings.format).format_label
+    caption = f"""Predictions of the lognormal theory from each model's measured gradients, next to trained
+        outcomes. The theory reads, per layer, the mean and standard deviation of log2|g| (non-zero entries
+        of the {"; ".join(f"{g.model}: {g.compression_points}" for g in baselines.values())}) at the last
+        probed step of the uncompressed runs ({", ".join(baselines)}; mean over their seeds), and predicts
+        for a format and per-layer scale the share of values flushed to zero (below half the smallest
+        subnormal), clipped at the largest value, and the relative MSE of nearest rounding (mean over
+        layers); a configuration is predicted to fail where more than {settings.max_clipped:g} of the
+        non-zero values clip or more than {settings.max_flushed:g} flush (the settings' thresholds). (a) Each
+        failing configuration (red) next to its fix (green): final test accuracy, mean and 95 % CI over seeds
+        and every seed, with the uncompressed run of its model (band). (b) Predicted
+        relative MSE of {swept} with one global scale for every layer, against log2 of that scale
+        (2^{settings.log2_scales[0]} to 2^{settings.log2_scales[1]}), per model, next to the per-layer mean
+        rule (dotted), with each model's predicted window (shaded: neither criterion met); circles: the
+        trained global scales' measured accuracy loss (right axis).
+        (c) Predicted relative MSE of every trained FP run against its measured accuracy loss from fp32 of
+        its model (paired by seed; filled: significant). {training_context(runs)}."""
+    no_window = [f"{row['format']} on {row['model']}" for row in formats if row["global_window_low"] is None]
+    notes = [_window_statement(row) for row in per_model] + [_agreement(list(outcome.values()))]
+    notes.append(
+        "No single global scale is predicted to pass the criterion for: " + "; ".join(no_window) + "."
+        if no_window
+        else "Every format listed has a predicted window of single global scales on every model."
+    )
+    if correlation is not None:
+        notes.append(
+            f"Across the {len(order)} trained FP runs, the predicted relative MSE and the measured accuracy "
+            f"loss have Spearman rank correlation {correlation.statistic:.2f} (p = {correlation.pvalue:.2g})."
+        )
     return Result(
         caption=caption,
         tables={
-            "main": Table("Failures of low-bit FP gradients and their fixes", rows),
-            "layers": Table("Predicted flushed and clipped shares per layer", layers, markdown=False),
-            "seeds": per_seed_table([baseline, *(g for pair in pairs for g in pair)]),
-            "baseline": Table("fp32", [run_row(baseline)], markdown=False),
+            "main": Table("Failures of low-bit FP gradients and their fixes: predicted and measured", pairs),
+            "arms": Table(
+                "Every trained FP run: predicted range losses and measured accuracy loss",
+                list(outcome.values()),
+            ),
+            "models": Table(f"Global-scale window of {swept} per model (predicted)", per_model),
+            "formats": Table("Predicted relative MSE of each format with the per-layer mean rule", formats),
+            "window": Table("Predicted range losses against the global scale", window, markdown=False),
+            "seeds": per_seed_table([*baselines.values(), *arms]),
+            "baseline": Table(
+                "fp32", [run_row(g) | {"model": g.model} for g in baselines.values()], markdown=False
+            ),
         },
-        comparisons=comparisons,
-        headline=noise_floor(baseline),
+        comparisons=[*recoveries, *gaps],
+        headline={
+            "spearman_predicted_mse_vs_loss": None if correlation is None else float(correlation.statistic),
+            "spearman_p": None if correlation is None else float(correlation.pvalue),
+            "models": {row["model"]: row for row in per_model},
+        },
+        notes=notes,
+    )
+
+
+def _windows(
+    settings: FailurePairs, baselines: dict[str, RunGroup], layers: dict[str, _Layers]
+) -> tuple[list[dict], list[dict], list[dict]]:
+    """Per model: the predicted losses at every global scale of the sweep, a summary of that window against
+    the per-layer mean rule, and every format's relative MSE with the per-layer mean rule."""
+    fmt = parse_format(settings.format)
+    scales = torch.arange(settings.log2_scales[0], settings.log2_scales[1] + 1, dtype=torch.float64)
+    window, per_model, formats = [], [], []
+    for name, group in baselines.items():
+        mine = layers[name]
+        sweep = mine.predict(fmt, scales[:, None])
+        mse = sweep["relative_mse"].mean(-1)
+        weights = mine.elements / mine.elements.sum()
+        for index, scale in enumerate(scales.tolist()):
+            window.append(
+                {
+                    "model": group.model,
+                    "log2_scale": scale,
+                    "predicted_relative_mse": float(mse[index]),
+                    "predicted_flushed": float((sweep["flushed"][index] * weights).sum()),
+                    "predicted_clipped": float((sweep["clipped"][index] * weights).sum()),
+                }
+            )
+        rule = FloatingPoint(settings.format)
+        per_layer = mine.summarise(mine.predict(fmt, mine.rule_scales(rule)))
+        best = int(torch.argmin(mse))
+        window_low, window_high = _window(mine, fmt, scales, settings)
+        per_model.append(
+            {
+                "model": group.model,
+                "layers": len(mine.names),
+                "mu2_spread": float(mine.mu2.max() - mine.mu2.min()),
+                "sigma2_mean": float(mine.sigma2.mean()),
+                "per_layer_rule_relative_mse": per_layer["predicted_relative_mse"],
+                "best_log2_global_scale": float(scales[best]),
+                "best_global_relative_mse": float(mse[best]),
+                "window_low": window_low,
+                "window_high": window_high,
+            }
+        )
+        for fmt_name in settings.formats:
+            candidate = FloatingPoint(fmt_name)
+            low, high = _window(mine, candidate.fmt, scales, settings)
+            formats.append(
+                {"model": group.model, "format": candidate.format_label}
+                | mine.summarise(mine.predict(candidate.fmt, mine.rule_scales(candidate)))
+                | {"global_window_low": low, "global_window_high": high}
+            )
+    return window, per_model, formats
+
+
+def _window(
+    layers: _Layers, fmt: FPFormat, scales: torch.Tensor, settings: FailurePairs
+) -> tuple[float | None, float | None]:
+    """The lowest and highest global log2 scale that the failure criterion spares (None: none does)."""
+    sweep = layers.predict(fmt, scales[:, None])
+    weights = layers.elements / layers.elements.sum()
+    flushed, clipped = ((sweep[key] * weights).sum(-1) for key in ("flushed", "clipped"))
+    good = scales[(flushed <= settings.max_flushed) & (clipped <= settings.max_clipped)]
+    return (float(good.min()), float(good.max())) if good.numel() else (None, None)
+
+
+def _fails(prediction: dict[str, float], settings: FailurePairs) -> bool:
+    return (
+        prediction["predicted_clipped"] > settings.max_clipped
+        or prediction["predicted_flushed"] > settings.max_flushed
+    )
+
+
+def _agreement(rows: list[dict]) -> str:
+    """How often the predicted failure matches the measured verdict (a significant accuracy loss)."""
+    lost = [row["verdict"] == "significant" and row["gap_pt"] < 0 for row in rows]
+    agree = sum(row["predicted_fails"] == loss for row, loss in zip(rows, lost, strict=True))
+    missed = [
+        row["label"] for row, loss in zip(rows, lost, strict=True) if loss and not row["predicted_fails"]
+    ]
+    false = [
+        row["label"] for row, loss in zip(rows, lost, strict=True) if row["predicted_fails"] and not loss
+    ]
+    return (
+        f"The failure criterion matches the measured verdict (a significant loss against fp32 of its model) "
+        f"for {agree} of {len(rows)} trained FP runs; losses not predicted: {', '.join(missed) or 'none'}; "
+        f"predicted failures that trained within noise: {', '.join(false) or 'none'}."
+    )
+
+
+def _window_statement(row: dict) -> str:
+    model = row["model"]
+    spread = f"mu2 spread {row['mu2_spread']:.1f} binades, mean sigma2 {row['sigma2_mean']:.2f}"
+    if row["window_low"] is None:
+        return f"{model}: no single global scale passes the failure criterion ({spread})."
+    low, high, best = row["window_low"], row["window_high"], row["best_log2_global_scale"]
+    return (
+        f"{model}: single global scales from 2^{low:g} to 2^{high:g} are predicted to pass the failure "
+        f"criterion ({spread}); least relative MSE at 2^{best:g} ({row['best_global_relative_mse']:.3g}, "
+        f"per-layer mean rule {row['per_layer_rule_relative_mse']:.3g})."
     )

@@ -45,7 +45,9 @@ def output_gradients(model: nn.Module, images: Tensor, labels: Tensor) -> dict[s
     tolerates the in-place ops that follow some layers."""
     captured: dict[str, Tensor] = {}
     attachment = attach(model, CompressionConfig(layer_types=LAYERS))
-    attachment.observers.append(lambda name, g: captured.__setitem__(name, g.detach().flatten(1).clone()))
+    attachment.observers.append(
+        lambda name, g, active: captured.__setitem__(name, g.detach().flatten(1).clone())
+    )
     try:
         _loss(model, images, labels).backward()
     finally:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -77,6 +77,19 @@ class RunGroup:
         return self.config.get("forward_bits")
 
     @property
+    def model(self) -> str:
+        """The architecture as trained, e.g. ``resnet18 (channels=[16, 32, 64, 128], 3x3s2 stem)``."""
+        return model_description(self.config)
+
+    @property
+    def compression_points(self) -> str:
+        """Where the run's gradients are compressed and probed, e.g. ``convolution outputs``."""
+        compression = self.config.get("compression") or {}
+        types = compression.get("layer_types") or self.policy.layer_types
+        where = " and ".join(LAYER_NAMES.get(t, t) for t in types)
+        return f"{where} {'inputs' if compression.get('placement') == 'input' else 'outputs'}"
+
+    @property
     def label(self) -> str:
         """The policy's label, or what an uncompressed run is: fp32, or QAT with quantized forward."""
         if self.policy.family == "none":
@@ -102,6 +115,19 @@ class RunGroup:
         return self.per_seed(lambda run: run.accuracy)
 
 
+def one_per_model(groups: Sequence[RunGroup], where: str) -> dict[str, RunGroup]:
+    """The groups keyed by the model they train; two runs of one model are an error naming `where`."""
+    by_model: dict[str, RunGroup] = {}
+    for group in groups:
+        if group.model in by_model:
+            raise ValueError(
+                f"{where}: runs {by_model[group.model].name!r} and {group.name!r} both train "
+                f"{group.model}; name one run per model"
+            )
+        by_model[group.model] = group
+    return by_model
+
+
 def load_run(name: str, seed: int, folder: Path | str) -> Run:
     folder = Path(folder)
     config = yaml.safe_load((folder / "config.yaml").read_text())
@@ -124,12 +150,21 @@ def seed_list(seeds: list[int]) -> str:
     return f"{len(seeds)} seeds ({', '.join(map(str, seeds))})"
 
 
+LAYER_NAMES = {"conv": "convolution", "linear": "linear-layer", "bn": "BatchNorm"}
+
+
+def model_description(config: Mapping[str, Any]) -> str:
+    """A run config's architecture: the timm name with its options and stem."""
+    options = [f"{key}={value}" for key, value in (config.get("model_kwargs") or {}).items()]
+    if config.get("stem", "model") != "model":
+        options.append(f"{config['stem']} stem")
+    return config["model"] + (f" ({', '.join(options)})" if options else "")
+
+
 def training_context(groups: Mapping[str, RunGroup]) -> str:
-    """What the runs were trained as, from their configs: model, data, schedule, seeds (for captions)."""
+    """What the runs were trained as, from their configs: model(s), data, schedule, seeds (for captions)."""
     config = next(iter(groups.values())).config
-    model = config["model"] + (f" {_kwargs(config['model_kwargs'])}" if config.get("model_kwargs") else "")
-    if config.get("cifar_stem"):
-        model += " (CIFAR stem)"
+    model = " / ".join(dict.fromkeys(group.model for group in groups.values()))
     data = DATASET_NAMES.get(config["dataset"], config["dataset"])
     if config.get("subset_per_class"):
         data += f" ({config['subset_per_class']:,} training images per class)"
@@ -137,6 +172,9 @@ def training_context(groups: Mapping[str, RunGroup]) -> str:
     epochs = config["epochs"]
     schedule = f"{epochs} epoch{'s' * (epochs != 1)} of batch {config['batch_size']}"
     schedule += f" ({steps.pop()} steps)" if len(steps) == 1 else ""
+    optimizers = " / ".join(
+        dict.fromkeys(f"{g.config['optimizer'].upper()} lr {g.config['lr']:g}" for g in groups.values())
+    )
     counts = {len(group.runs) for group in groups.values()}
     all_seeds = sorted({seed for group in groups.values() for seed in group.seeds})
     if len(counts) == 1:
@@ -147,11 +185,7 @@ def training_context(groups: Mapping[str, RunGroup]) -> str:
         )
     else:
         seeds = f"{min(counts)}-{max(counts)} seeds per run"
-    return f"{model} on {data}, {schedule}, {config['optimizer'].upper()} lr {config['lr']:g}; {seeds}"
-
-
-def _kwargs(kwargs: Mapping[str, Any]) -> str:
-    return "(" + ", ".join(f"{key}={value}" for key, value in kwargs.items()) + ")"
+    return f"{model} on {data}, {schedule}, {optimizers}; {seeds}"
 
 
 def load_trained_model(run: Run, device: str = "cpu") -> nn.Module:
@@ -169,7 +203,7 @@ def load_trained_model(run: Run, device: str = "cpu") -> nn.Module:
         test.num_classes,
         test.in_chans,
         test.image_size,
-        config["cifar_stem"],
+        config.get("stem", "model"),
         **config["model_kwargs"],
     )
     if config.get("forward_bits"):

@@ -7,12 +7,19 @@ from collections import defaultdict
 
 import torch
 
-from gradcomp.analysis.accuracy import compare_accuracy, noise_floor, per_seed_table, run_row, with_gaps
+from gradcomp.analysis.accuracy import (
+    WithinModels,
+    compare_accuracy,
+    model_names,
+    per_seed_table,
+    run_row,
+    with_gaps,
+)
 from gradcomp.analysis.runs import Run, RunGroup, training_context
 from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.synthetic import ESTIMATORS, synthetic_sparsity
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.experiments import Calibration, Compare, Heterogeneous
+from gradcomp.experiments import Calibration, CompareWithinModels, Heterogeneous
 from gradcomp.lognormal import truncated_cosine_similarity
 
 
@@ -28,33 +35,52 @@ def _layer_sparsity(run: Run) -> dict[str, float]:
 def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]) -> Result:
     synthetic = synthetic_sparsity(settings.synthetic)
     groups = [runs[name] for name in settings.runs]
-    layers, overall = [], []
+    names = model_names(groups)
+    layers, overall, per_model = [], [], defaultdict(dict)
     for group in groups:
         policy = group.policy
+        where = {"model": names[group.model], "compression_points": group.compression_points}
         per_layer = defaultdict(list)
         for run in group.runs.values():
             for name, sparsity in _layer_sparsity(run).items():
                 per_layer[name].append(sparsity)
+        layer_errors = {}
         for name, values in per_layer.items():
             layers.append(
                 {
                     "run": group.name,
+                    **where,
                     "estimator": policy.estimator,
                     "target": policy.sparsity,
                     "layer": name,
                     **Estimate.of(values).columns("achieved"),
+                    **Estimate.of([v - policy.sparsity for v in values]).columns("error"),
                     "seeds": len(values),
                 }
             )
+            layer_errors[name] = layers[-1]["error_mean"]
         overall.append(
             {
                 "run": group.name,
+                **where,
                 "estimator": policy.estimator,
+                "fit": policy.fit,
                 "target": policy.sparsity,
                 **group.estimate(lambda run: run.sparsity).columns("achieved"),
+                **group.estimate(lambda run, p=policy.sparsity: run.sparsity - p).columns("error"),
+                "layer_error_min": min(layer_errors.values(), default=None),
+                "layer_error_max": max(layer_errors.values(), default=None),
+                "layers": len(layer_errors),
                 "seeds": len(group.runs),
             }
         )
+        largest = max(layer_errors, key=lambda name: abs(layer_errors[name]), default=None)
+        per_model[names[group.model]][group.name] = {
+            "target": policy.sparsity,
+            "overall_error": overall[-1]["error_mean"],
+            "largest_layer_error": layer_errors[largest] if largest else None,
+            "largest_layer": largest,
+        }
 
     def worst(rows: list[dict], estimator: str) -> float | None:
         errors = [abs(row["achieved_mean"] - row["target"]) for row in rows if row["estimator"] == estimator]
@@ -72,6 +98,13 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
             ("training_overall", overall),
         )
     }
+    headline |= {f"errors {model} (mean over seeds)": errors for model, errors in per_model.items()}
+    models = list(dict.fromkeys(group.model for group in groups))
+    points = "; ".join(
+        f"{names[model]} ({model}): {next(g for g in groups if g.model == model).compression_points}"
+        for model in models
+    )
+    legend = " (colour: estimator; marker: model)" if len(models) > 1 else ""
     synthetic_settings = settings.synthetic
     caption = f"""Fraction of zeros after unbiased stochastic pruning against the target, when the threshold
         comes from the lognormal model (closed form, from mean and std of ln|g|), a Gaussian prior (Ye et
@@ -79,11 +112,16 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
         lognormal gradients ({synthetic_settings.numel:,} values, sigma
         {", ".join(f"{s:g}" for s in synthetic_settings.sigmas)}, with
         {" and ".join(f"{z:.0%}" for z in synthetic_settings.zero_fractions)} exact zeros), mean and 95 % CI
-        over {len(synthetic_settings.seeds)} draws. (b) Training: each small point is one convolution's
-        achieved sparsity over the last epoch (mean over seeds), each large point with error bars a run's
-        overall sparsity (all convolution-output elements; mean and 95 % CI over seeds).
-        {training_context(runs)}. The headline gives the largest |mean achieved - target| per estimator: on
-        synthetic data, per layer, and overall."""
+        over {len(synthetic_settings.seeds)} draws. (b) Training{legend}: each small point is one pruned
+        layer's achieved sparsity over the last epoch (mean over seeds), each large point with error bars
+        a run's overall sparsity (zeros over all its pruned elements, i.e. the layers weighted by their
+        elements; mean and 95 % CI over seeds).
+        (c) Achieved - target of each run (large, 95 % CI) and of each of its layers (small), grouped by
+        model. Gradients pruned and measured at each model's compression points: {points}. Thresholds
+        fitted as each run's policy says ({_fits(groups)}). {training_context(runs)}. The table gives each
+        run's overall error and the range of its layers' mean errors; the headline the largest |mean
+        achieved - target| per estimator (on synthetic data, per layer, and overall) and, per model and
+        run, the overall error and the layer whose mean error is largest in magnitude."""
     return Result(
         caption=caption,
         tables={
@@ -93,6 +131,16 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
         },
         headline=headline,
     )
+
+
+def _fits(groups: list[RunGroup]) -> str:
+    names = {
+        "bn_nonzero": "on the entries whose BatchNorm-output gradient is non-zero, target (p - s0)/(1 - s0); "
+        "on all non-zero entries where no BatchNorm follows the layer (e.g. linear layers)",
+        "all": "on all non-zero entries",
+    }
+    fits = dict.fromkeys(group.policy.fit for group in groups)
+    return "; ".join(f"fit={fit}: {names[fit]}" for fit in fits)
 
 
 # --- A8 -----------------------------------------------------------------------------------------------------
@@ -105,119 +153,141 @@ def _prune_row(group: RunGroup) -> dict:
     }
 
 
-def accuracy_vs_sparsity(settings: Compare, runs: dict[str, RunGroup]) -> Result:
-    baseline = runs[settings.baseline]
-    arms = [runs[name] for name in settings.runs if name != settings.baseline]
-    lognormal = {g.policy.sparsity: g for g in arms if g.policy.estimator == "lognormal"}
+def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
+    models = WithinModels.of(settings.baselines, settings.runs, runs, "experiments.A8.baseline")
+    lognormal: dict[tuple[str, float], RunGroup] = {}
+    for group in models.arms:
+        if group.policy.estimator == "lognormal":
+            lognormal.setdefault((group.model, group.policy.sparsity), group)
     priors = [
-        (g, lognormal[g.policy.sparsity])
-        for g in arms
-        if g.policy.estimator != "lognormal" and g.policy.sparsity in lognormal
+        (group, lognormal[group.model, group.policy.sparsity])
+        for group in models.arms
+        if group.policy.estimator != "lognormal" and (group.model, group.policy.sparsity) in lognormal
     ]
-    comparisons = compare_accuracy([(arm, baseline) for arm in arms] + priors)
-    rows = sorted(
-        (_prune_row(arm) for arm in arms),
-        key=lambda r: (r["estimator"] != "lognormal", r["estimator"], r["target"]),
-    )
-    with_gaps(rows, comparisons, baseline.label)
+    comparisons = models.gaps(priors)
+    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons[: len(models.arms)], strict=True)}
+    rows, headline = [], {}
+    for baseline in models.baselines:
+        arms = models.arms_of(baseline)
+        rows += sorted(
+            ({"model": models.name(baseline), **_prune_row(arm)} for arm in arms),
+            key=lambda r: (r["estimator"] != "lognormal", r["estimator"], r["target"]),
+        )
+        headline[models.name(baseline)] = models.headline(baseline, gaps)
+    with_gaps(rows, gaps)
+    targets = sorted({g.policy.sparsity for g in models.arms if g.policy.estimator == "lognormal"})
+    others = sorted({g.policy.estimator for g in models.arms} - {"lognormal"})
+    panels = "one panel per model, each with" if models.several else "with"
     caption = f"""Final test accuracy against the achieved gradient sparsity (fraction of zeros in the pruned
-        convolution-output gradients over the last epoch) for stochastic pruning with the lognormal threshold
-        at targets {", ".join(f"{t:g}" for t in sorted(lognormal))}, and with the other thresholds
-        ({", ".join(sorted({g.policy.estimator for g in arms} - {"lognormal"}))}) at their targets; mean and
-        95 % CI over seeds on both axes; dashed line and band: the uncompressed run. A prior's run lands at
-        another sparsity than it asked for. {training_context(runs)}. Comparisons: each run against the
-        uncompressed one, and each other threshold against the lognormal one at the same target; paired by
-        seed."""
+        gradients over the last epoch, at each model's compression points: below) for stochastic pruning
+        with the lognormal threshold at targets {", ".join(f"{t:g}" for t in targets)}
+        {f"and with the other thresholds ({', '.join(others)}) at their targets" if others else ""}; mean
+        and 95 % CI over seeds on both axes; dots: each seed; {panels} the dashed line and band of the
+        uncompressed run of {"its" if models.several else "the"} model. A prior's run lands at another
+        sparsity than it asked for. Models ({models.caption()}). {training_context(runs)}. Comparisons:
+        each run against the uncompressed run of its own model, and each other threshold against the
+        lognormal one of the same model at the same target; paired by seed. The headline gives, per
+        model, the noise floor (the baseline's seed-to-seed sd) and each run's gap with its interval."""
     return Result(
         caption=caption,
         tables={
             "main": Table("Accuracy vs gradient sparsity", rows),
-            "baseline": Table("Uncompressed", [run_row(baseline)], markdown=False),
+            "baseline": Table(
+                "Uncompressed run of each model",
+                [{"model": models.name(b), **run_row(b)} for b in models.baselines],
+                markdown=False,
+            ),
             "seeds": per_seed_table(
-                [baseline, *arms], accuracy=lambda run: run.accuracy, sparsity=lambda run: run.sparsity
+                [*models.baselines, *models.arms],
+                accuracy=lambda run: run.accuracy,
+                sparsity=lambda run: run.sparsity,
             ),
         },
         comparisons=comparisons,
-        headline=noise_floor(baseline),
+        headline=headline,
     )
 
 
 # --- A9 -----------------------------------------------------------------------------------------------------
-def _predicted_cosine(layer: dict, truncation: float) -> float | None:
-    if not (layer.get("threshold") and layer.get("sigma")):
+def _predicted_cosine(layer: dict) -> float | None:
+    """The truncated-lognormal cosine of a layer's last fit (mu, sigma, its truncation k) at its threshold."""
+    if not (layer.get("threshold") and layer.get("sigma") and layer.get("truncation")):
         return None
     alpha_n = torch.tensor(layer["threshold"] * math.exp(-layer["mu"]), dtype=torch.float64)
     sigma = torch.tensor(layer["sigma"], dtype=torch.float64)
-    return float(truncated_cosine_similarity(alpha_n, sigma, truncation))
+    return float(truncated_cosine_similarity(alpha_n, sigma, layer["truncation"]))
 
 
 def heterogeneous_sparsity(settings: Heterogeneous, runs: dict[str, RunGroup]) -> Result:
     constrained = runs[settings.constrained]
     homogeneous = sorted((runs[name] for name in settings.homogeneous), key=lambda g: g.policy.sparsity)
     policy = constrained.policy
-    same_target = [g for g in homogeneous if g.policy.sparsity == policy.sparsity]
     comparisons = compare_accuracy([(constrained, group) for group in homogeneous])
     layers = []
-    for group in [constrained, *same_target]:
-        per_layer = defaultdict(lambda: ([], []))
-        for run in group.runs.values():
-            for name, layer in run.summary["layers"].items():
-                sparsity, cosine = per_layer[name]
-                if layer["sparsity"] is not None:
-                    sparsity.append(layer["sparsity"])
-                predicted = _predicted_cosine(layer, policy.truncation)
-                if predicted is not None:
-                    cosine.append(predicted)
-        for index, (name, (sparsity, cosine)) in enumerate(per_layer.items()):
-            layers.append(
-                {
-                    "run": group.name,
-                    "label": group.label,
-                    "layer": name,
-                    "index": index,
-                    **Estimate.of(sparsity).columns("sparsity"),
-                    **Estimate.of(cosine).columns("predicted_cosine"),
-                    "seeds": len(sparsity),
-                }
-            )
+    per_layer = defaultdict(lambda: defaultdict(list))
+    for run in constrained.runs.values():
+        for name, layer in run.summary["layers"].items():
+            values = per_layer[name]
+            if layer["sparsity"] is not None:
+                values["sparsity"].append(layer["sparsity"])
+            predicted = _predicted_cosine(layer)
+            if predicted is not None and layer.get("cosine") is not None:
+                values["predicted_cosine"].append(predicted)
+                values["measured_cosine"].append(layer["cosine"])
+                values["truncation"].append(layer["truncation"])
+    for index, (name, values) in enumerate(per_layer.items()):
+        row = {"layer": name, "index": index}
+        for key in ("sparsity", "predicted_cosine", "measured_cosine", "truncation"):
+            row |= Estimate.of(values.get(key, [])).columns(key)
+        layers.append(row | {"seeds": len(values.get("sparsity", []))})
     rows = [
         {
             **run_row(group, accuracy=lambda run: run.accuracy, sparsity=lambda run: run.sparsity),
             "min_cosine": group.policy.min_cosine,
             "target": group.policy.sparsity,
+            **group.estimate(lambda run, g=group: run.sparsity - g.policy.sparsity).columns("error"),
         }
         for group in [constrained, *homogeneous]
     ]
-    mine = [row for row in layers if row["run"] == constrained.name]
-    caption = f"""Pruning with a per-layer constraint: a layer whose predicted cosine similarity between
-        pruned and original gradient (lognormal truncated at {policy.truncation:g} sigmas, from the layer's
-        mu, sigma and threshold) would fall below {policy.min_cosine:g} gets a smaller threshold, at target
-        {policy.sparsity:g}. (a) Per-layer achieved sparsity and (b) predicted cosine at the last fit, mean
-        over seeds with 95 % CI, for the constrained run and the homogeneous run at the same target. (c)
-        Accuracy against overall sparsity (mean and 95 % CI on both axes): the constrained run next to the
-        homogeneous runs. {training_context(runs)}. Comparisons: the constrained run against each homogeneous
-        run, paired by seed."""
+    gaps = [
+        gap
+        for row in layers
+        if math.isfinite(gap := row["measured_cosine_mean"] - row["predicted_cosine_mean"])
+    ]
+    below = [row["layer"] for row in layers if row["measured_cosine_mean"] < policy.min_cosine]
+    truncation = (
+        "k measured per layer and fit (the standardised N/300-th largest ln|g|)"
+        if policy.truncation is None
+        else f"k = {policy.truncation:g}"
+    )
+    caption = f"""Heterogeneous pruning at overall target {policy.sparsity:g} with every layer's predicted
+        cosine similarity between pruned and original gradient at least {policy.min_cosine:g} (lognormal
+        truncated at k sigmas, {truncation}): at each refresh one common sparsity is solved from the layers'
+        last fits so that the layers, each held to its cosine limit, hit the target overall (weighted by their
+        elements). (a) Per-layer achieved sparsity, (b) predicted and measured cosine at the last step, mean
+        over seeds with 95 % CI; the truncation leaves the largest values' energy out of the prediction, so on
+        lognormal data the measured cosine lies between it and the untruncated closed form (tested). (c)
+        Accuracy against overall sparsity (mean and 95 % CI on both axes) next to homogeneous pruning.
+        {training_context(runs)}. Comparisons: the constrained run against each homogeneous run, paired by
+        seed."""
+    overall = rows[0]
     headline = {
-        "constrained_layer_sparsity_range": [
-            min(row["sparsity_mean"] for row in mine),
-            max(row["sparsity_mean"] for row in mine),
+        "overall_sparsity": {key: overall[f"sparsity_{key}"] for key in ("mean", "ci_low", "ci_high")},
+        "overall_error": overall["error_mean"],
+        "layer_sparsity_range": [
+            min(row["sparsity_mean"] for row in layers),
+            max(row["sparsity_mean"] for row in layers),
         ]
-        if mine
+        if layers
         else None,
-        "constrained_min_predicted_cosine": min(
-            (
-                row["predicted_cosine_mean"]
-                for row in mine
-                if row["predicted_cosine_mean"] is not None and math.isfinite(row["predicted_cosine_mean"])
-            ),
-            default=None,
-        ),
+        "measured_minus_predicted_cosine_range": [min(gaps), max(gaps)] if gaps else None,
+        "layers_measured_below_min_cosine": below,
     }
     return Result(
         caption=caption,
         tables={
             "main": Table("Heterogeneous vs homogeneous sparsity", rows),
-            "layers": Table("Per-layer sparsity and predicted cosine", layers),
+            "layers": Table("Per-layer sparsity, predicted and measured cosine (constrained run)", layers),
             "seeds": per_seed_table(
                 [constrained, *homogeneous],
                 accuracy=lambda run: run.accuracy,

@@ -31,7 +31,7 @@ from gradcomp.analysis.gradients import (
     weight_gradients,
 )
 from gradcomp.analysis.runs import Run, RunGroup, load_trained_model, seed_list, training_context
-from gradcomp.analysis.seeds import Estimate, compare
+from gradcomp.analysis.seeds import SIGNIFICANT, Comparison, Estimate, compare
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.data import load_split
 from gradcomp.experiments import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
@@ -185,67 +185,163 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
 
 
 # --- B2 -----------------------------------------------------------------------------------------------------
+def unbiased_sampling_variance(qat: Tensor) -> tuple[float, float]:
+    """(V, its standard error) from per-batch gradients [B, P]: V = sum_b ||g_b - g_bar||^2 / (B - 1), the
+    unbiased estimate of the minibatch sampling variance E||g_b - E g||^2 (the mean of the per-batch squared
+    deviations d_b = ||g_b - g_bar||^2 B/(B - 1)); its standard error sd(d_b)/sqrt(B) is the first-order
+    one of this degree-2 U-statistic."""
+    count = qat.shape[0]
+    if count < 2:
+        raise ValueError(f"the sampling variance needs at least 2 batches, got {count}")
+    deviations = (qat.double() - qat.double().mean(0)).square().sum(1) * (count / (count - 1))
+    return float(deviations.mean()), float(deviations.std() / math.sqrt(count))
+
+
+def _relation(comparison: Comparison) -> str:
+    """below / above / within noise of the sampling variance, from a paired ln-variance comparison."""
+    if comparison.verdict != SIGNIFICANT:
+        return comparison.verdict
+    return "below" if comparison.difference < 0 else "above"
+
+
 def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Result:
     group = runs[settings.run]
     bit_list = list(settings.bits)
     variance: dict[tuple, list[float]] = defaultdict(list)
+    errors: dict[tuple, list[float]] = defaultdict(list)  # within-seed standard errors
     log_variance: dict[str, dict[int, float]] = defaultdict(dict)  # scheme -> seed -> mean ln variance
-    sampling, factors = [], defaultdict(list)
+    log_point: dict[tuple, dict[int, float]] = defaultdict(dict)  # (bits, scheme) -> seed -> ln variance
+    log_sampling: dict[int, float] = {}
+    sampling, sampling_rows, factors = [], [], defaultdict(list)
     for seed, run, model in _models(group):
-        batches = _batches(run, settings.batches)
+        batches = _batches(run, max(settings.batches, settings.sampling_batches))
         qat = torch.stack([weight_gradients(model, *batch) for batch in batches])
-        sampling.append(sample_variance(qat))
+        estimate, error = unbiased_sampling_variance(qat[: settings.sampling_batches])
+        sampling.append(estimate)
+        errors["sampling"].append(error)
+        log_sampling[seed] = math.log(estimate)
+        sampling_rows.append(
+            {
+                "seed": seed,
+                "batches": settings.sampling_batches,
+                "sampling_variance": estimate,
+                "standard_error": error,
+                "relative_standard_error": error / estimate,
+                "biased_estimate_first_batches": sample_variance(qat[: settings.batches])
+                if settings.batches > 1
+                else None,
+            }
+        )
+        qat = qat[: settings.batches]
         mine = {}
         for bits, scheme in itertools.product(bit_list, SCHEMES):
             policy = _int_policy(bits, scheme, settings.weight_bits)
-            fqt = torch.stack(
-                [
+            per_batch = [
+                quantization_variance(
+                    qat[i : i + 1],
                     fqt_weight_gradients(
                         model, *batch, policy, settings.draws, seed=seed, first_step=i * settings.draws
-                    )
-                    for i, batch in enumerate(batches)
-                ]
-            )
-            mine[bits, scheme] = quantization_variance(qat, fqt)
+                    )[None],
+                )
+                for i, batch in enumerate(batches[: settings.batches])
+            ]
+            mine[bits, scheme] = float(np.mean(per_batch))
             variance[bits, scheme].append(mine[bits, scheme])
+            if len(per_batch) > 1:
+                errors[bits, scheme].append(float(np.std(per_batch, ddof=1) / math.sqrt(len(per_batch))))
+            log_point[bits, scheme][seed] = math.log(mine[bits, scheme])
         for scheme in SCHEMES:
             log_variance[scheme][seed] = float(np.mean([math.log(mine[b, scheme]) for b in bit_list]))
             factors[scheme].append(_per_bit_factor(bit_list, [mine[b, scheme] for b in bit_list]))
-    rows = _rows_over_seeds(variance, ("bits", "scheme"), "quantization_variance")
+    name = {scheme: scheme.upper() for scheme in SCHEMES}
+    versus = [
+        ((f"{name[scheme]} {bits} bits", log_point[bits, scheme]), ("QAT sampling", log_sampling))
+        for bits, scheme in itertools.product(bit_list, SCHEMES)
+    ]
+    comparisons = compare(
+        [
+            (("PTQ", log_variance["ptq"]), ("PSQ", log_variance["psq"])),
+            (("PSQ", log_variance["psq"]), ("BHQ", log_variance["bhq"])),
+            *versus,
+        ],
+        scale=1.0,
+        unit="ln variance",
+    )
+    against = dict(zip(itertools.product(bit_list, SCHEMES), comparisons[2:], strict=True))
+    rows = []
+    for (bits, scheme), values in variance.items():
+        comparison = against[bits, scheme]
+        rows.append(
+            {
+                "bits": bits,
+                "scheme": scheme,
+                **Estimate.of(values).columns("quantization_variance"),
+                "within_seed_se": float(np.mean(errors[bits, scheme])) if errors[bits, scheme] else None,
+                "seeds": len(values),
+                "ratio_to_sampling": math.exp(comparison.difference),
+                "ratio_ci_low": math.exp(comparison.ci_low) if math.isfinite(comparison.ci_low) else None,
+                "ratio_ci_high": math.exp(comparison.ci_high) if math.isfinite(comparison.ci_high) else None,
+                "p": comparison.p,
+                "vs_sampling": _relation(comparison),
+            }
+        )
+    relative = [row["relative_standard_error"] for row in sampling_rows]
     rows.append(
         {
             "bits": None,
             "scheme": "QAT sampling",
             **Estimate.of(sampling).columns("quantization_variance"),
+            "within_seed_se": float(np.mean(errors["sampling"])),
             "seeds": len(sampling),
         }
     )
-    comparisons = compare(
-        [
-            (("PTQ", log_variance["ptq"]), ("PSQ", log_variance["psq"])),
-            (("PSQ", log_variance["psq"]), ("BHQ", log_variance["bhq"])),
-        ],
-        scale=1.0,
-        unit="ln variance",
+    by_bits = defaultdict(list)
+    for (bits, scheme), comparison in against.items():
+        relation = _relation(comparison)
+        by_bits[bits].append(
+            f"{name[scheme]} {relation} ({math.exp(comparison.difference):.2g}x, p={comparison.p:.2g})"
+        )
+    verdicts = "; ".join(f"{bits} bits: {', '.join(parts)}" for bits, parts in by_bits.items())
+    # the gaps that matter: the per-sample schemes' (PSQ, BHQ) at the lowest bit widths
+    closest = min(
+        (c for (_, scheme), c in against.items() if scheme != "ptq"), key=lambda c: abs(c.difference)
     )
+    gap = f"a factor {math.exp(abs(closest.difference)):.2g} ({closest.a})"
     headline = {
         "sample_variance": Estimate.of(sampling).columns("variance"),
+        "sampling_batches": settings.sampling_batches,
+        "sampling_relative_se_max": max(relative),
         "ptq_over_psq_geomean": math.exp(comparisons[0].difference),
         "psq_over_bhq_geomean": math.exp(comparisons[1].difference),
         **{f"{s}_per_bit_factor": Estimate.of(factors[s]).columns("factor") for s in SCHEMES},
+        "vs_sampling": {f"{name[s]}_{b}": _relation(c) for (b, s), c in against.items()},
     }
     weight_path = f"{settings.weight_bits} bits" if settings.weight_bits else "the swept bits"
+    draws = f"{settings.batches} batch{'es' if settings.batches > 1 else ''} x {settings.draws} draws"
+    measured = _measured(group, "measured on the weight gradients")
     caption = f"""Quantization variance of the FQT weight gradient, the mean over test batches and stochastic
         draws of ||g_FQT - g_QAT||^2 summed over every convolution and linear weight (statquant section 3.4),
-        against the gradient bits ({settings.batches} batches x {settings.draws} draws per point; activation
-        path: the scheme; weight path: per tensor for PTQ, per column otherwise, at {weight_path});
-        {_measured(group, "measured on the weight gradients")}. Dashed: the QAT minibatch sampling variance
-        over the same {settings.batches} batches (quantization noise below it costs little); dotted: a fall
-        by 4 per bit. Comparisons: mean ln variance over the bit widths, paired by seed (exp of the
-        difference is the geometric-mean variance ratio)."""
+        against the gradient bits ({draws} per point; activation path: the scheme; weight path: per tensor
+        for PTQ, per column otherwise, at {weight_path}); {measured}. Dashed (band: 95 % CI over seeds):
+        the QAT minibatch sampling variance E||g_b - g_bar||^2, unbiased (squared deviations summed over
+        B - 1) from B = {settings.sampling_batches} batches per seed, with a standard error (from the
+        per-batch squared deviations) of {min(relative):.0%}-{max(relative):.0%} of it within a seed,
+        against {gap} between it and the closest PSQ or BHQ point (table column within_seed_se: the
+        standard error within a seed, over batches, mean over seeds; per-seed table: also the biased
+        mean_b ||g_b - g_bar||^2 of the first {settings.batches} batches alone). Dotted: a fall by 4 per bit.
+        Quantization against sampling variance, each scheme at each bit width (ratio, geometric mean over
+        seeds; paired t-test on ln variance by seed; filled markers: significantly above or below, hollow:
+        within noise): {verdicts}. Comparisons: these, and the mean ln variance over the bit widths, PTQ vs
+        PSQ and PSQ vs BHQ, paired by seed (exp of the difference is the geometric-mean variance ratio);
+        Holm-adjusted together."""
     return Result(
         caption=caption,
-        tables={"main": Table("Gradient variance vs bits (QAT model)", rows)},
+        tables={
+            "main": Table("Gradient variance vs bits (QAT model)", rows),
+            "sampling": Table(
+                f"Unbiased sampling variance per seed ({settings.sampling_batches} batches)", sampling_rows
+            ),
+        },
         comparisons=comparisons,
         headline=headline,
     )

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import textwrap
+
+import numpy as np
 from matplotlib.figure import Figure
 
 from gradcomp.analysis.tables import Record
@@ -39,23 +42,51 @@ def accuracy_vs_bits(record: Record) -> Figure:
     return figure
 
 
+def _wrapped(label: str, width: int) -> str:
+    """A bar label broken at " + " and then at spaces so that no line is wider than `width` characters."""
+    return "\n+ ".join("\n".join(textwrap.wrap(part, width) or [part]) for part in label.split(" + "))
+
+
 def prune_plus_fp(record: Record) -> Figure:
     baseline, *rows = record.rows()
-    figure, axes = subplots(width=7.5, height=4.6)
+    mechanism = record.rows("mechanism") if "mechanism" in record.tables else []
+    ncols = 2 if mechanism else 1
+    figure, axes = subplots(ncols=ncols, width=7.0 if mechanism else 7.5, height=5.0)
     ax = axes[0][0]
     positions = accuracy_bars(ax, record, rows, "C0")
-    for position, row in zip(positions, rows, strict=True):
-        ax.annotate(
-            f"{value(row, 'bits'):.2f} b",
-            (position, 0.02),
-            xycoords=ax.get_xaxis_transform(),
-            ha="center",
-            va="bottom",
-            fontsize=8,
-            color="w",
-        )
-    ax.set_xticks(positions, [row["label"].replace(" + ", "\n+ ") for row in rows], fontsize=8)
+    width = 12 if len(rows) > 4 else 16
+    labels = [f"{_wrapped(row['label'], width)}\n{value(row, 'bits'):.2f} bits" for row in rows]
+    ax.set_xticks(positions, labels, fontsize=7)
     baseline_band(ax, baseline, "accuracy", baseline["label"])
     ax.set(ylabel="test accuracy", ylim=(lowest_seed(record, [baseline, *rows]), None))
-    ax.legend(fontsize=8)
+    ax.set_title("(a) accuracy; bits per gradient element under each label", fontsize=9)
+    ax.legend(fontsize=8, loc="lower left")
+    if mechanism:
+        ax = axes[0][1]
+        formats = list(dict.fromkeys(row["fp"] for row in mechanism))
+        arms = {"alone": ("FP alone", "C3"), "chain": ("after pruning (scale refitted)", "C2")}
+        bar = 0.38
+        for offset, (arm, (name, colour)) in zip((-bar / 2, bar / 2), arms.items(), strict=True):
+            mine = [next(r for r in mechanism if r["fp"] == fp and r["arm"] == arm) for fp in formats]
+            x = [i + offset for i in range(len(formats))]
+            saturated = [100 * r["saturated_share"] for r in mine]
+            flushed = [100 * r["flushed_share"] for r in mine]
+            ax.bar(x, saturated, bar, color=colour, label=f"{name}: saturated")
+            ax.bar(
+                x,
+                flushed,
+                bar,
+                bottom=saturated,
+                color=colour,
+                alpha=0.45,
+                hatch="//",
+                label=f"{name}: flushed",
+            )
+            for position, top in zip(x, np.add(saturated, flushed), strict=True):
+                ax.annotate(f"{top:.1f}%", (position, top), ha="center", va="bottom", fontsize=7)
+        ax.set_xticks(range(len(formats)), formats, fontsize=8)
+        tops = [100 * (r["saturated_share"] + r["flushed_share"]) for r in mechanism]
+        ax.set(ylabel="share of the |g| mass (%)", ylim=(0, 1.5 * max(max(tops), 1.0)))
+        ax.set_title("(b) FP stage on lognormal gradients of the measured sigma", fontsize=9)
+        ax.legend(fontsize=7, loc="upper left")
     return figure

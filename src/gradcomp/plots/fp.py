@@ -87,16 +87,31 @@ def _format_bars(ax, record: Record, rows: list[dict], colour: str) -> None:
     ax.set_xticks(positions, [row["format"] for row in rows], rotation=35, ha="right")
 
 
+def _by_model(record: Record) -> list[tuple[dict, list[dict]]]:
+    """Each model's baseline row (the `baseline` table) and the main rows of its compressed runs."""
+    rows = record.rows()
+    baselines = {row["run"]: row for row in record.rows("baseline")}
+    return [
+        (row, [arm for arm in rows if arm.get("model") == row["model"] and arm["run"] not in baselines])
+        for row in baselines.values()
+    ]
+
+
 def fp_formats(record: Record) -> Figure:
-    baseline, *rows = record.rows()
-    figure, axes = subplots(width=7.0, height=4.2)
-    ax = axes[0][0]
-    _format_bars(ax, record, rows, "C0")
-    baseline_band(ax, baseline, "accuracy", baseline["label"])
-    ax.set(
-        ylim=(lowest_seed(record, [baseline, *rows]), None), ylabel="test accuracy", xlabel="gradient format"
-    )
-    ax.legend(fontsize=8)
+    models = _by_model(record)
+    widths = [max(3.0, 0.55 * len(arms) + 1.5) for _, arms in models]
+    figure, axes = subplots(ncols=len(models), width=max(widths), height=4.4)
+    for ax, (baseline, arms) in zip(axes[0], models, strict=True):
+        _format_bars(ax, record, arms, "C0")
+        baseline_band(ax, baseline, "accuracy", baseline["label"])
+        ax.set(
+            ylim=(lowest_seed(record, [baseline, *arms]), None),
+            ylabel="test accuracy",
+            xlabel="gradient format",
+        )
+        if len(models) > 1:
+            ax.set_title(baseline["model"], fontsize=10)
+        ax.legend(fontsize=8, loc="lower left")
     return figure
 
 
@@ -113,12 +128,12 @@ def scaling_and_split(record: Record) -> Figure:
             ax, sweep, "accuracy", [row["log2_global_scale"] for row in sweep], fmt="o-", label="global scale"
         )
         seed_points(ax, [row["log2_global_scale"] for row in sweep], per_seed(record, sweep))
-    for row, style in zip(parts["per-layer"], ("-", ":", "-."), strict=False):
+    for row, style in zip(parts["rule"], ("-", ":", "-."), strict=False):
         mean = value(row, "accuracy")
         ax.axhline(mean, color="C2", linestyle=style, label=f"{row['scaling']} ({mean:.3f})")
     for row in parts["fp32"]:
         baseline_band(ax, row, "accuracy", row["label"])
-    reference = parts["per-layer"][0]["format"] if parts["per-layer"] else ""
+    reference = parts["rule"][0]["format"] if parts["rule"] else ""
     ax.set(xlabel="log2 global loss scale", ylabel="test accuracy", title=f"(a) {reference}")
     ax.legend(fontsize=7)
     ax = axes[0][1]
@@ -140,11 +155,11 @@ def scaling_and_split(record: Record) -> Figure:
 
 def failure_cases(record: Record) -> Figure:
     rows = record.rows()
-    baseline = record.rows("baseline")[0]
+    baselines = {row["model"]: row for row in record.rows("baseline")}
     seeds = defaultdict(list)
     for row in record.rows("seeds"):
         seeds[row["run"]].append(row["accuracy"])
-    figure, axes = subplots(ncols=2, width=5.8, height=4.6)
+    figure, axes = subplots(ncols=3, width=5.4, height=4.6)
     ax = axes[0][0]
     labels, means, errors, colours, points = [], [], [], [], []
     for row in rows:
@@ -160,28 +175,70 @@ def failure_cases(record: Record) -> Figure:
     ax.errorbar(positions, means, yerr=np.array(errors).T, fmt="none", ecolor="k", capsize=3)
     seed_points(ax, positions, points)
     ax.set_xticks(positions, labels=labels, rotation=30, ha="right", fontsize=8)
-    baseline_band(ax, baseline, "accuracy", baseline["label"])
-    ax.set(ylabel="test accuracy", ylim=(0, 1))
+    for model in dict.fromkeys(row["model"] for row in rows):
+        baseline_band(ax, baselines[model], "accuracy", baselines[model]["label"])
+    ax.set(ylabel="test accuracy", ylim=(0, 1), title="(a) failures and fixes")
     ax.legend(fontsize=8)
+
     ax = axes[0][1]
-    layers = defaultdict(list)
-    for row in record.rows("layers"):
-        layers[row["failing"]].append(row)
-    for failing, mine in layers.items():
-        (line,) = ax.plot(
-            [r["index"] for r in mine], [r["flushed"] for r in mine], "o-", label=f"{failing}: flushed"
-        )
+    window = defaultdict(list)
+    for row in record.rows("window"):
+        window[row["model"]].append(row)
+    rules = {row["model"]: row for row in record.rows("models")}
+    for index, (model, mine) in enumerate(window.items()):
+        colour = f"C{index}"
         ax.plot(
-            [r["index"] for r in mine],
-            [r["clipped"] for r in mine],
-            "s--",
-            color=line.get_color(),
-            label=f"{failing}: clipped",
+            [r["log2_scale"] for r in mine],
+            [r["predicted_relative_mse"] for r in mine],
+            color=colour,
+            label=model,
         )
+        ax.axhline(rules[model]["per_layer_rule_relative_mse"], color=colour, linestyle=":", linewidth=1)
+        if rules[model]["window_low"] is not None:
+            ax.axvspan(rules[model]["window_low"], rules[model]["window_high"], color=colour, alpha=0.06)
     ax.set(
-        xlabel="layer index (input to output)",
-        ylabel="predicted share of non-zero gradients",
-        ylim=(-0.02, 1.02),
+        yscale="log",
+        xlabel="log2 global loss scale",
+        ylabel="predicted relative MSE (dotted: per-layer)",
+        title="(b) predicted window of one global scale",
     )
-    ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2)
+    ax.legend(fontsize=6, loc="upper center")
+    trained = [r for r in record.rows("arms") if r["log2_global_scale"] is not None]
+    if trained:
+        twin = ax.twinx()
+        twin.errorbar(
+            [r["log2_global_scale"] for r in trained],
+            [-r["gap_pt"] for r in trained],
+            yerr=[
+                [r["gap_ci_high"] - r["gap_pt"] for r in trained],
+                [r["gap_pt"] - r["gap_ci_low"] for r in trained],
+            ],
+            fmt="o",
+            color="k",
+            mfc="none",
+            capsize=2,
+        )
+        twin.set_ylabel("measured accuracy loss vs fp32 (pt)")
+
+    ax = axes[0][2]
+    for index, model in enumerate(window):
+        mine = [r for r in record.rows("arms") if r["model"] == model]
+        for significant in (True, False):
+            chosen = [r for r in mine if (r["verdict"] == "significant") == significant]
+            ax.scatter(
+                [r["predicted_relative_mse"] for r in chosen],
+                [-r["gap_pt"] for r in chosen],
+                edgecolors=f"C{index}",
+                facecolors=f"C{index}" if significant else "none",
+                s=30,
+                label=model if significant else None,
+            )
+    ax.axhline(0, color="grey", linewidth=0.8)
+    ax.set(
+        xscale="log",
+        xlabel="predicted relative MSE (mean over layers)",
+        ylabel="measured accuracy loss vs fp32 of its model (pt)",
+        title="(c) prediction vs outcome",
+    )
+    ax.legend(fontsize=6)
     return figure

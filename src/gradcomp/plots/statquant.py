@@ -52,7 +52,7 @@ def bin_usage(record: Record) -> Figure:
 
 def variance_vs_bits(record: Record) -> Figure:
     rows = record.rows()
-    figure, axes = subplots(width=5.6, height=4.2)
+    figure, axes = subplots(width=8.0, height=4.2)
     ax = axes[0][0]
     bit_list = sorted({row["bits"] for row in rows if row["bits"] is not None})
     for scheme in SCHEMES:
@@ -62,12 +62,29 @@ def variance_vs_bits(record: Record) -> Figure:
             mine,
             "quantization_variance",
             [row["bits"] for row in mine],
-            fmt="o-",
+            fmt="-",
             color=COLOURS[scheme],
             label=NAMES[scheme],
         )
+        # filled: significantly above or below the sampling variance; hollow: within noise of it
+        for resolved in (True, False):
+            points = [row for row in mine if (row.get("vs_sampling") in ("above", "below")) == resolved]
+            ax.plot(
+                [row["bits"] for row in points],
+                [value(row, "quantization_variance") for row in points],
+                "o",
+                color=COLOURS[scheme],
+                markerfacecolor=COLOURS[scheme] if resolved else "w",
+                zorder=3,
+            )
     sampling = next(row for row in rows if row["bits"] is None)
-    ax.axhline(value(sampling, "quantization_variance"), color="k", ls="--", label="QAT sampling variance")
+    batches = record.headline.get("sampling_batches")
+    ax.axhline(
+        value(sampling, "quantization_variance"),
+        color="k",
+        ls="--",
+        label=f"QAT sampling variance ({batches} batches)" if batches else "QAT sampling variance",
+    )
     if sampling["quantization_variance_ci_low"] is not None:
         ax.axhspan(
             max(sampling["quantization_variance_ci_low"], 1e-300),
@@ -84,9 +101,10 @@ def variance_vs_bits(record: Record) -> Figure:
     ax.plot(
         bit_list, [anchor / 4 ** (b - bit_list[0]) for b in bit_list], ":", color="C7", label="1/4 per bit"
     )
+    ax.plot([], [], "o", color="C7", markerfacecolor="w", label="within noise of sampling")
     ax.set(yscale="log", xlabel="gradient bits", ylabel="weight-gradient variance")
     ax.set_xticks(bit_list)
-    ax.legend(fontsize=8)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return figure
 
 

@@ -1,0 +1,195 @@
+"""A5, A7, A8 over several architecture families: every arm against the uncompressed run of its own model."""
+
+from pathlib import Path
+
+import pytest
+
+from gradcomp.analysis.fp import fp_formats
+from gradcomp.analysis.runs import Run, RunGroup
+from gradcomp.analysis.sparsity import accuracy_vs_sparsity, target_vs_achieved_sparsity
+from gradcomp.analysis.tables import Record, write_result
+from gradcomp.experiments import experiments
+from gradcomp.plots.style import save_figure
+
+RESNET = {"model": "resnet18", "model_kwargs": {"channels": [8, 8, 16, 16]}, "stem": "3x3s2"}
+MBV2 = {"model": "mobilenetv2_035", "model_kwargs": {}, "stem": "model"}
+DEIT = {"model": "deit_tiny_patch16_224", "model_kwargs": {"patch_size": 4}, "stem": "model"}
+SEEDS = (0, 1, 2)
+
+
+def _group(name: str, model: dict, policy: str, accuracy: float, sparsity: float | None = None, **where):
+    """A finished run at three seeds: accuracy `accuracy` + 0.01 x seed, and (for pruning) two layers whose
+    sparsity sits 0.01 below and 0.03 above `sparsity` (the second, smaller layer)."""
+    config = {
+        **model,
+        "dataset": "synthetic",
+        "epochs": 1,
+        "batch_size": 32,
+        "optimizer": "sgd",
+        "lr": 0.05,
+        "compression": {"policy": policy, "layer_types": where.get("layer_types"), "placement": "output"},
+    }
+    layers = {}
+    if sparsity is not None:
+        layers = {
+            "a": {"sparsity": sparsity - 0.01, "elements": 3000},
+            "b": {"sparsity": sparsity + 0.03, "elements": 1000},
+        }
+    runs = {}
+    for seed in SEEDS:
+        overall = None if sparsity is None else sparsity - 0.01 * 0.75 + 0.03 * 0.25
+        summary = {
+            "final_test_accuracy": accuracy + 0.01 * seed,
+            "gradient_sparsity": overall,
+            "steps": 10,
+            "layers": layers,
+        }
+        runs[seed] = Run(name, seed, Path("."), config, summary)
+    return RunGroup(name, runs)
+
+
+def _runs(*groups: RunGroup) -> dict[str, RunGroup]:
+    return {group.name: group for group in groups}
+
+
+def _settings(experiment_id: str, section: dict):
+    return experiments()[experiment_id].params.from_config(section, f"experiments.{experiment_id}")
+
+
+def test_each_fp_arm_is_compared_with_the_baseline_of_its_own_model(tmp_path):
+    runs = _runs(
+        _group("baseline", RESNET, "none", 0.90),
+        _group("fp_e4m1", RESNET, "fp:format=e4m1", 0.89),
+        _group("other_baseline", MBV2, "none", 0.60),
+        _group("other_fp_e4m1", MBV2, "fp:format=e4m1", 0.58),
+        _group("other_fp_e3m2", MBV2, "fp:format=e3m2", 0.60),
+    )
+    arms = ["fp_e4m1", "other_fp_e4m1", "other_fp_e3m2"]
+    settings = _settings("A5", {"baseline": ["baseline", "other_baseline"], "runs": arms})
+    result = fp_formats(settings, runs)
+    rows = {row["run"]: row for row in result.rows()}
+    # paired by seed within the model: a constant gap, nothing like the 30 points between the models
+    assert rows["other_fp_e4m1"]["gap_pt"] == pytest.approx(-2.0)
+    assert rows["fp_e4m1"]["gap_pt"] == pytest.approx(-1.0)
+    assert rows["other_fp_e3m2"]["gap_pt"] == pytest.approx(0.0)
+    assert rows["other_fp_e4m1"]["gap_verdict"] == "significant"
+    assert [row["model"] for row in result.rows()] == ["resnet18"] * 2 + ["mobilenetv2_035"] * 3
+    assert rows["other_baseline"]["gap_pt"] is None
+    assert {(c.a, c.b) for c in result.comparisons} == {
+        ("FP6 [1,4,1] (resnet18)", "fp32 (resnet18)"),
+        ("FP6 [1,4,1] (mobilenetv2_035)", "fp32 (mobilenetv2_035)"),
+        ("FP6 [1,3,2] (mobilenetv2_035)", "fp32 (mobilenetv2_035)"),
+    }
+    mbv2 = result.headline["mobilenetv2_035"]
+    assert mbv2["baseline_accuracy"] == pytest.approx(0.61)
+    assert mbv2["significantly_worse"] == ["FP6 [1,4,1]"]
+    assert mbv2["gap_pt"]["FP6 [1,3,2]"].startswith("+0 ") and "within noise" in mbv2["gap_pt"]["FP6 [1,3,2]"]
+    assert "mobilenetv2_035: gradients compressed at its convolution outputs, against other_baseline" in (
+        result.caption
+    )
+    prefix = tmp_path / "A5"
+    write_result(result, "A5", "A5", prefix)
+    figure = experiments()["A5"].draw(Record.load(prefix.with_suffix(".json")))
+    assert [ax.get_title() for ax in figure.axes] == ["resnet18", "mobilenetv2_035"]
+    save_figure(figure, "A5", prefix)
+
+
+def test_an_arm_without_a_baseline_of_its_model_is_an_error():
+    runs = _runs(
+        _group("baseline", RESNET, "none", 0.90),
+        _group("other_fp_e4m1", MBV2, "fp:format=e4m1", 0.58),
+    )
+    settings = _settings("A5", {"baseline": "baseline", "runs": ["other_fp_e4m1"]})
+    with pytest.raises(ValueError, match=r"experiments.A5.baseline: run 'other_fp_e4m1' \(mobilenetv2_035\)"):
+        fp_formats(settings, runs)
+
+
+def test_two_baselines_of_one_model_are_an_error():
+    runs = _runs(
+        _group("baseline", RESNET, "none", 0.90),
+        _group("qat", RESNET, "none", 0.90),
+        _group("prune_85", RESNET, "prune:sparsity=0.85", 0.89, 0.85),
+    )
+    settings = _settings("A8", {"baseline": ["baseline", "qat"], "runs": ["prune_85"]})
+    with pytest.raises(ValueError, match="runs 'baseline' and 'qat' both train resnet18"):
+        accuracy_vs_sparsity(settings, runs)
+
+
+def test_settings_name_one_baseline_per_model_where_experiments_compare_within_models():
+    a8 = _settings("A8", {"baseline": ["baseline", "other_baseline"], "runs": ["prune_85", "other_prune_85"]})
+    assert a8.runs_read([]) == ["baseline", "other_baseline", "prune_85", "other_prune_85"]
+    assert _settings("A8", a8.to_config()) == a8
+    assert _settings("A5", {"baseline": "baseline", "runs": ["fp"]}).baselines == ("baseline",)
+    with pytest.raises(ValueError, match=r"experiments\.A5: missing settings"):
+        _settings("A5", {"runs": ["fp"]})
+    with pytest.raises(ValueError, match=r"experiments\.X3\.baseline must be str or null"):
+        _settings("X3", {"baseline": ["baseline", "other_baseline"], "runs": ["prune_85"]})
+
+
+def test_a_prior_is_compared_with_the_lognormal_run_of_its_own_model(tmp_path):
+    runs = _runs(
+        _group("baseline", RESNET, "none", 0.90),
+        _group("prune_85", RESNET, "prune:sparsity=0.85", 0.89, 0.85),
+        _group("prune_85_gaussian", RESNET, "prune:sparsity=0.85,estimator=gaussian", 0.85, 0.95),
+        _group("other_baseline", MBV2, "none", 0.60),
+        _group("other_prune_85", MBV2, "prune:sparsity=0.85", 0.60, 0.85),
+    )
+    settings = _settings(
+        "A8",
+        {
+            "baseline": ["baseline", "other_baseline"],
+            "runs": ["other_prune_85", "prune_85", "prune_85_gaussian"],
+        },
+    )
+    result = accuracy_vs_sparsity(settings, runs)
+    pairs = {(c.a, c.b): c for c in result.comparisons}
+    assert set(pairs) == {
+        ("prune 0.85 (mobilenetv2_035)", "fp32 (mobilenetv2_035)"),
+        ("prune 0.85 (resnet18)", "fp32 (resnet18)"),
+        ("prune 0.85 gaussian (resnet18)", "fp32 (resnet18)"),
+        ("prune 0.85 gaussian (resnet18)", "prune 0.85 (resnet18)"),  # not mobilenetv2's prune 0.85
+    }
+    assert pairs["prune 0.85 gaussian (resnet18)", "prune 0.85 (resnet18)"].difference == pytest.approx(-4.0)
+    assert result.headline["resnet18"]["significantly_worse"] == ["prune 0.85", "prune 0.85 gaussian"]
+    assert result.headline["resnet18"]["noise_floor_sd_pt"] == pytest.approx(1.0)
+    rows = {row["run"]: row for row in result.rows()}
+    assert rows["other_prune_85"]["model"] == "mobilenetv2_035" and rows["other_prune_85"]["gap_pt"] == 0
+    assert [row["model"] for row in result.rows("baseline")] == ["resnet18", "mobilenetv2_035"]
+    prefix = tmp_path / "A8"
+    write_result(result, "A8", "A8", prefix)
+    figure = experiments()["A8"].draw(Record.load(prefix.with_suffix(".json")))
+    assert [ax.get_title() for ax in figure.axes] == ["resnet18", "mobilenetv2_035"]
+    save_figure(figure, "A8", prefix)
+
+
+def test_a7_reports_each_model_and_its_compression_points(tmp_path):
+    runs = _runs(
+        _group("prune_85", RESNET, "prune:sparsity=0.85", 0.89, 0.85),
+        _group("deit_prune_85", DEIT, "prune:sparsity=0.85", 0.7, 0.80, layer_types=["linear"]),
+    )
+    settings = _settings(
+        "A7",
+        {
+            "runs": ["prune_85", "deit_prune_85"],
+            "synthetic": {"numel": 4096, "sigmas": [2.0], "targets": [0.8], "zero_fractions": [0.0]},
+        },
+    )
+    result = target_vs_achieved_sparsity(settings, runs)
+    overall = {row["run"]: row for row in result.rows()}
+    assert overall["deit_prune_85"]["model"] == "deit_tiny_patch16_224"
+    assert overall["deit_prune_85"]["compression_points"] == "linear-layer outputs"
+    assert overall["prune_85"]["compression_points"] == "convolution outputs"
+    assert overall["deit_prune_85"]["error_mean"] == pytest.approx(-0.05)  # 0.80 + 0.0 against 0.85
+    assert {row["model"] for row in result.rows("layers")} == {"resnet18", "deit_tiny_patch16_224"}
+    deit = result.headline["errors deit_tiny_patch16_224 (mean over seeds)"]["deit_prune_85"]
+    assert deit["largest_layer"] == "a" and deit["largest_layer_error"] == pytest.approx(-0.06)
+    resnet = result.headline["errors resnet18 (mean over seeds)"]["prune_85"]
+    assert resnet["overall_error"] == pytest.approx(0.0)
+    assert resnet["largest_layer_error"] == pytest.approx(0.03)
+    deit_points = "deit_tiny_patch16_224 (deit_tiny_patch16_224 (patch_size=4)): linear-layer outputs"
+    assert deit_points in result.caption
+    prefix = tmp_path / "A7"
+    write_result(result, "A7", "A7", prefix)
+    figure = experiments()["A7"].draw(Record.load(prefix.with_suffix(".json")))
+    assert len(figure.axes) == 3
+    save_figure(figure, "A7", prefix)
