@@ -44,9 +44,7 @@ class LayerStats:
     sigma: Tensor | None = None  # std of ln|g|
     threshold: Tensor | None = None  # pruning alpha
     scale: Tensor | None = None  # FP scale (a power of two)
-    bn_zero_share: Tensor | None = (
-        None  # s0: share of zeros at the following BatchNorm's output, if fitted so
-    )
+    bn_zero_share: Tensor | None = None  # s0 of the reference fit: zeros at the next BatchNorm's output
     numel: int = 0  # elements of the last compressed gradient
     # heterogeneous pruning (Prune.min_cosine)
     truncation: Tensor | None = None  # k of the truncated cosine, at the last fit

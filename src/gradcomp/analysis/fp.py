@@ -326,16 +326,21 @@ class _Layers:
             "relative_mse": fp_theory.relative_mse(fmt.positive_values(), self.sigma2, centre),
         }
 
-    def summarise(self, prediction: dict[str, torch.Tensor]) -> dict[str, float]:
-        """Element-weighted flushed and clipped shares; relative MSE averaged over layers (each layer's error
-        relative to its own gradient's energy) and its worst layer."""
+    def totals(self, prediction: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Over the layers (last axis): element-weighted flushed and clipped shares, and the relative MSE
+        averaged over layers (each layer's error relative to its own gradient's energy)."""
         weights = self.elements / self.elements.sum()
-        mse = prediction["relative_mse"]
         return {
-            "predicted_flushed": float((prediction["flushed"] * weights).sum(-1)),
-            "predicted_clipped": float((prediction["clipped"] * weights).sum(-1)),
-            "predicted_relative_mse": float(mse.mean(-1)),
-            "predicted_worst_layer_mse": float(mse.max(-1).values),
+            "predicted_flushed": (prediction["flushed"] * weights).sum(-1),
+            "predicted_clipped": (prediction["clipped"] * weights).sum(-1),
+            "predicted_relative_mse": prediction["relative_mse"].mean(-1),
+        }
+
+    def summarise(self, prediction: dict[str, torch.Tensor]) -> dict[str, float]:
+        """`totals` of one configuration as numbers, and the relative MSE of its worst layer."""
+        worst = float(prediction["relative_mse"].max(-1).values)
+        return {key: float(value) for key, value in self.totals(prediction).items()} | {
+            "predicted_worst_layer_mse": worst
         }
 
 
@@ -500,23 +505,17 @@ def _windows(
     window, per_model, formats = [], [], []
     for name, group in baselines.items():
         mine = layers[name]
-        sweep = mine.predict(fmt, scales[:, None])
-        mse = sweep["relative_mse"].mean(-1)
-        weights = mine.elements / mine.elements.sum()
+        sweep = mine.totals(mine.predict(fmt, scales[:, None]))
+        mse = sweep["predicted_relative_mse"]
         for index, scale in enumerate(scales.tolist()):
             window.append(
-                {
-                    "model": group.model,
-                    "log2_scale": scale,
-                    "predicted_relative_mse": float(mse[index]),
-                    "predicted_flushed": float((sweep["flushed"][index] * weights).sum()),
-                    "predicted_clipped": float((sweep["clipped"][index] * weights).sum()),
-                }
+                {"model": group.model, "log2_scale": scale}
+                | {key: float(values[index]) for key, values in sweep.items()}
             )
         rule = FloatingPoint(settings.format)
         per_layer = mine.summarise(mine.predict(fmt, mine.rule_scales(rule)))
         best = int(torch.argmin(mse))
-        window_low, window_high = _window(mine, fmt, scales, settings)
+        window_low, window_high = _window(scales, sweep, settings)
         per_model.append(
             {
                 "model": group.model,
@@ -532,7 +531,7 @@ def _windows(
         )
         for fmt_name in settings.formats:
             candidate = FloatingPoint(fmt_name)
-            low, high = _window(mine, candidate.fmt, scales, settings)
+            low, high = _window(scales, mine.totals(mine.predict(candidate.fmt, scales[:, None])), settings)
             formats.append(
                 {"model": group.model, "format": candidate.format_label}
                 | mine.summarise(mine.predict(candidate.fmt, mine.rule_scales(candidate)))
@@ -542,20 +541,18 @@ def _windows(
 
 
 def _window(
-    layers: _Layers, fmt: FPFormat, scales: torch.Tensor, settings: FailurePairs
+    scales: torch.Tensor, sweep: dict[str, torch.Tensor], settings: FailurePairs
 ) -> tuple[float | None, float | None]:
-    """The lowest and highest global log2 scale that the failure criterion spares (None: none does)."""
-    sweep = layers.predict(fmt, scales[:, None])
-    weights = layers.elements / layers.elements.sum()
-    flushed, clipped = ((sweep[key] * weights).sum(-1) for key in ("flushed", "clipped"))
-    good = scales[(flushed <= settings.max_flushed) & (clipped <= settings.max_clipped)]
+    """The lowest and highest global log2 scale whose predicted `totals` the failure criterion spares (None:
+    none does)."""
+    good = scales[~_fails(sweep, settings)]
     return (float(good.min()), float(good.max())) if good.numel() else (None, None)
 
 
-def _fails(prediction: dict[str, float], settings: FailurePairs) -> bool:
-    return (
-        prediction["predicted_clipped"] > settings.max_clipped
-        or prediction["predicted_flushed"] > settings.max_flushed
+def _fails(prediction: dict, settings: FailurePairs):
+    """The failure criterion on predicted totals (numbers, or tensors over global scales)."""
+    return (prediction["predicted_clipped"] > settings.max_clipped) | (
+        prediction["predicted_flushed"] > settings.max_flushed
     )
 
 
