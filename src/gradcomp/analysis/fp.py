@@ -327,21 +327,33 @@ class _Layers:
         }
 
     def totals(self, prediction: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Over the layers (last axis): element-weighted flushed and clipped shares, and the relative MSE
-        averaged over layers (each layer's error relative to its own gradient's energy)."""
+        """Over the layers (last axis): element-weighted flushed and clipped shares, the relative MSE averaged
+        over layers (each layer's error relative to its own gradient's energy), and the worst layer's of
+        each."""
         weights = self.elements / self.elements.sum()
         return {
             "predicted_flushed": (prediction["flushed"] * weights).sum(-1),
             "predicted_clipped": (prediction["clipped"] * weights).sum(-1),
             "predicted_relative_mse": prediction["relative_mse"].mean(-1),
-        }
+        } | {f"predicted_worst_layer_{key}": values.max(-1).values for key, values in prediction.items()}
 
     def summarise(self, prediction: dict[str, torch.Tensor]) -> dict[str, float]:
-        """`totals` of one configuration as numbers, and the relative MSE of its worst layer."""
-        worst = float(prediction["relative_mse"].max(-1).values)
-        return {key: float(value) for key, value in self.totals(prediction).items()} | {
-            "predicted_worst_layer_mse": worst
-        }
+        """`totals` of one configuration as numbers."""
+        return {key: float(value) for key, value in self.totals(prediction).items()}
+
+    def spread(self, settings: FailurePairs) -> float:
+        """The binades one global scale must cover for every layer to meet the failure criterion: from the
+        lowest layer's max_flushed quantile of log2|g| to the highest layer's (1 - max_clipped) quantile.
+        The every-layer window is open only where the format's range exceeds it."""
+        normal = torch.distributions.Normal(0.0, 1.0)
+        z_flushed = float(normal.icdf(torch.tensor(settings.max_flushed)))
+        z_clipped = float(normal.icdf(torch.tensor(1 - settings.max_clipped)))
+        return float((self.mu2 + z_clipped * self.sigma2).max() - (self.mu2 + z_flushed * self.sigma2).min())
+
+
+def _range(fmt: FPFormat) -> float:
+    """The binades a format covers, from half its smallest subnormal (below: flushed) to its largest value."""
+    return math.log2(fmt.max_value) - math.log2(fmt.min_subnormal / 2)
 
 
 def _log2_scales(group: RunGroup, layers: _Layers) -> torch.Tensor:
@@ -404,7 +416,10 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
             else None,
             **predicted[arm.name],
             **arm.estimate(lambda run: run.accuracy).columns("accuracy"),
-            "predicted_fails": _fails(predicted[arm.name], settings),
+            **{
+                f"predicted_fails_{_column(scope)}": bool(_fails(predicted[arm.name], settings, scope))
+                for scope in SCOPES
+            },
             "gap_pt": gap.difference,
             "gap_ci_low": gap.ci_low,
             "gap_ci_high": gap.ci_high,
@@ -448,21 +463,34 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
         for a format and per-layer scale the share of values flushed to zero (below half the smallest
         subnormal), clipped at the largest value, and the relative MSE of nearest rounding (mean over
         layers); a configuration is predicted to fail where more than {settings.max_clipped:g} of the
-        non-zero values clip or more than {settings.max_flushed:g} flush (the settings' thresholds). (a) Each
+        non-zero values clip or more than {settings.max_flushed:g} flush (the settings' thresholds), counted
+        over all values (element criterion) or in any one layer (every-layer criterion). (a) Each
         failing configuration (red) next to its fix (green): final test accuracy, mean and 95 % CI over seeds
         and every seed, with the uncompressed run of its model (band). (b) Predicted
         relative MSE of {swept} with one global scale for every layer, against log2 of that scale
         (2^{settings.log2_scales[0]} to 2^{settings.log2_scales[1]}), per model, next to the per-layer mean
-        rule (dotted), with each model's predicted window (shaded: neither criterion met); circles: the
-        trained global scales' measured accuracy loss (right axis).
+        rule (dotted), with each model's predicted windows (light shading: element criterion passed; dark:
+        every-layer criterion passed); circles: the trained global scales' measured accuracy loss, coloured by
+        model (right axis).
         (c) Predicted relative MSE of every trained FP run against its measured accuracy loss from fp32 of
         its model (paired by seed; filled: significant). {training_context(runs)}."""
-    no_window = [f"{row['format']} on {row['model']}" for row in formats if row["global_window_low"] is None]
-    notes = [_window_statement(row) for row in per_model] + [_agreement(list(outcome.values()))]
+    no_window = [
+        f"{row['format']} on {row['model']} (needs {row['spread']:.1f} binades, "
+        f"has {row['format_range']:.1f})"
+        for row in formats
+        if row["every_layer_window_low"] is None
+    ]
+    notes = [_window_statement(row) for row in per_model]
+    notes += [_agreement(list(outcome.values()), scope) for scope in SCOPES]
     notes.append(
-        "No single global scale is predicted to pass the criterion for: " + "; ".join(no_window) + "."
-        if no_window
-        else "Every format listed has a predicted window of single global scales on every model."
+        "The element criterion leaves a window of single global scales for every format on every model: "
+        f"where the shares flushed ({settings.max_flushed:g}) and clipped ({settings.max_clipped:g}) meet at "
+        "one quantile of the values, any format range above zero can place both edges around it. "
+        + (
+            "No single global scale serves every layer for: " + "; ".join(no_window) + "."
+            if no_window
+            else "Every format listed has a global scale that serves every layer on every model."
+        )
     )
     if correlation is not None:
         notes.append(
@@ -515,72 +543,96 @@ def _windows(
         rule = FloatingPoint(settings.format)
         per_layer = mine.summarise(mine.predict(fmt, mine.rule_scales(rule)))
         best = int(torch.argmin(mse))
-        window_low, window_high = _window(scales, sweep, settings)
         per_model.append(
             {
                 "model": group.model,
                 "layers": len(mine.names),
                 "mu2_spread": float(mine.mu2.max() - mine.mu2.min()),
                 "sigma2_mean": float(mine.sigma2.mean()),
+                "spread": mine.spread(settings),
+                "format_range": _range(fmt),
                 "per_layer_rule_relative_mse": per_layer["predicted_relative_mse"],
                 "best_log2_global_scale": float(scales[best]),
                 "best_global_relative_mse": float(mse[best]),
-                "window_low": window_low,
-                "window_high": window_high,
             }
+            | _windows_of(scales, sweep, settings)
         )
         for fmt_name in settings.formats:
             candidate = FloatingPoint(fmt_name)
-            low, high = _window(scales, mine.totals(mine.predict(candidate.fmt, scales[:, None])), settings)
             formats.append(
                 {"model": group.model, "format": candidate.format_label}
                 | mine.summarise(mine.predict(candidate.fmt, mine.rule_scales(candidate)))
-                | {"global_window_low": low, "global_window_high": high}
+                | {"spread": mine.spread(settings), "format_range": _range(candidate.fmt)}
+                | _windows_of(scales, mine.totals(mine.predict(candidate.fmt, scales[:, None])), settings)
             )
     return window, per_model, formats
 
 
+def _windows_of(scales: torch.Tensor, sweep: dict[str, torch.Tensor], settings: FailurePairs) -> dict:
+    """The window of single global scales under each scope of the failure criterion, as table columns."""
+    columns = {}
+    for scope in SCOPES:
+        low, high = _window(scales, sweep, settings, scope)
+        columns |= {f"{_column(scope)}_window_low": low, f"{_column(scope)}_window_high": high}
+    return columns
+
+
 def _window(
-    scales: torch.Tensor, sweep: dict[str, torch.Tensor], settings: FailurePairs
+    scales: torch.Tensor, sweep: dict[str, torch.Tensor], settings: FailurePairs, scope: str
 ) -> tuple[float | None, float | None]:
-    """The lowest and highest global log2 scale whose predicted `totals` the failure criterion spares (None:
-    none does)."""
-    good = scales[~_fails(sweep, settings)]
+    """The lowest and highest global log2 scale whose predicted `totals` the failure criterion (of `scope`)
+    spares (None: none does)."""
+    good = scales[~_fails(sweep, settings, scope)]
     return (float(good.min()), float(good.max())) if good.numel() else (None, None)
 
 
-def _fails(prediction: dict, settings: FailurePairs):
-    """The failure criterion on predicted totals (numbers, or tensors over global scales)."""
-    return (prediction["predicted_clipped"] > settings.max_clipped) | (
-        prediction["predicted_flushed"] > settings.max_flushed
+SCOPES = {"elements": "predicted", "every layer": "predicted_worst_layer"}
+
+
+def _column(scope: str) -> str:
+    return scope.replace(" ", "_")
+
+
+def _fails(prediction: dict, settings: FailurePairs, scope: str):
+    """The failure criterion on predicted `totals` (numbers, or tensors over global scales), applied to the
+    shares of all non-zero values ("elements") or to each layer's own shares ("every layer": the worst one
+    decides)."""
+    prefix = SCOPES[scope]
+    return (prediction[f"{prefix}_clipped"] > settings.max_clipped) | (
+        prediction[f"{prefix}_flushed"] > settings.max_flushed
     )
 
 
-def _agreement(rows: list[dict]) -> str:
-    """How often the predicted failure matches the measured verdict (a significant accuracy loss)."""
+def _agreement(rows: list[dict], scope: str) -> str:
+    """How often the predicted failure (of `scope`) matches the measured verdict (a significant loss)."""
+    key = f"predicted_fails_{_column(scope)}"
     lost = [row["verdict"] == "significant" and row["gap_pt"] < 0 for row in rows]
-    agree = sum(row["predicted_fails"] == loss for row, loss in zip(rows, lost, strict=True))
-    missed = [
-        row["label"] for row, loss in zip(rows, lost, strict=True) if loss and not row["predicted_fails"]
-    ]
-    false = [
-        row["label"] for row, loss in zip(rows, lost, strict=True) if row["predicted_fails"] and not loss
-    ]
+    agree = sum(row[key] == loss for row, loss in zip(rows, lost, strict=True))
+    missed = [row["label"] for row, loss in zip(rows, lost, strict=True) if loss and not row[key]]
+    false = [row["label"] for row, loss in zip(rows, lost, strict=True) if row[key] and not loss]
     return (
-        f"The failure criterion matches the measured verdict (a significant loss against fp32 of its model) "
+        f"The {scope} criterion matches the measured verdict (a significant loss against fp32 of its model) "
         f"for {agree} of {len(rows)} trained FP runs; losses not predicted: {', '.join(missed) or 'none'}; "
         f"predicted failures that trained within noise: {', '.join(false) or 'none'}."
     )
 
 
 def _window_statement(row: dict) -> str:
-    model = row["model"]
+    """One model's windows of single global scales for the swept format, under both scopes."""
     spread = f"mu2 spread {row['mu2_spread']:.1f} binades, mean sigma2 {row['sigma2_mean']:.2f}"
-    if row["window_low"] is None:
-        return f"{model}: no single global scale passes the failure criterion ({spread})."
-    low, high, best = row["window_low"], row["window_high"], row["best_log2_global_scale"]
+    windows = []
+    for scope in SCOPES:
+        low, high = (row[f"{_column(scope)}_window_{end}"] for end in ("low", "high"))
+        windows.append(
+            f"{scope} criterion: {'none' if low is None else f'2^{low:g} to 2^{high:g}'}"
+            + (
+                f" (every layer needs {row['spread']:.1f} binades, the format has {row['format_range']:.1f})"
+                if scope == "every layer"
+                else ""
+            )
+        )
     return (
-        f"{model}: single global scales from 2^{low:g} to 2^{high:g} are predicted to pass the failure "
-        f"criterion ({spread}); least relative MSE at 2^{best:g} ({row['best_global_relative_mse']:.3g}, "
+        f"{row['model']} ({spread}): single global scales predicted to pass: {'; '.join(windows)}; least "
+        f"relative MSE at 2^{row['best_log2_global_scale']:g} ({row['best_global_relative_mse']:.3g}, "
         f"per-layer mean rule {row['per_layer_rule_relative_mse']:.3g})."
     )

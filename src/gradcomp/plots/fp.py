@@ -194,8 +194,10 @@ def failure_cases(record: Record) -> Figure:
             label=model,
         )
         ax.axhline(rules[model]["per_layer_rule_relative_mse"], color=colour, linestyle=":", linewidth=1)
-        if rules[model]["window_low"] is not None:
-            ax.axvspan(rules[model]["window_low"], rules[model]["window_high"], color=colour, alpha=0.06)
+        for scope, alpha in (("elements", 0.06), ("every_layer", 0.18)):
+            if rules[model][f"{scope}_window_low"] is not None:
+                low, high = rules[model][f"{scope}_window_low"], rules[model][f"{scope}_window_high"]
+                ax.axvspan(low, high, color=colour, alpha=alpha)
     ax.set(
         yscale="log",
         xlabel="log2 global loss scale",
@@ -206,18 +208,20 @@ def failure_cases(record: Record) -> Figure:
     trained = [r for r in record.rows("arms") if r["log2_global_scale"] is not None]
     if trained:
         twin = ax.twinx()
-        twin.errorbar(
-            [r["log2_global_scale"] for r in trained],
-            [-r["gap_pt"] for r in trained],
-            yerr=[
-                [r["gap_ci_high"] - r["gap_pt"] for r in trained],
-                [r["gap_pt"] - r["gap_ci_low"] for r in trained],
-            ],
-            fmt="o",
-            color="k",
-            mfc="none",
-            capsize=2,
-        )
+        for index, model in enumerate(window):
+            mine = [r for r in trained if r["model"] == model]
+            twin.errorbar(
+                [r["log2_global_scale"] for r in mine],
+                [-r["gap_pt"] for r in mine],
+                yerr=[
+                    [r["gap_ci_high"] - r["gap_pt"] for r in mine],
+                    [r["gap_pt"] - r["gap_ci_low"] for r in mine],
+                ],
+                fmt="o",
+                color=f"C{index}",
+                mfc="none",
+                capsize=2,
+            )
         twin.set_ylabel("measured accuracy loss vs fp32 (pt)")
 
     ax = axes[0][2]
