@@ -28,7 +28,7 @@ def test_every_layer_window_closes_where_the_spread_exceeds_the_range():
     assert windows(narrow, "e4m1")["every_layer_window_low"] is not None
     closed = windows(wide, "e4m1")
     assert closed["every_layer_window_low"] is None
-    assert closed["elements_window_low"] is not None  # the element criterion still finds one
+    assert closed["element_window_low"] is not None  # the element criterion still finds one
 
 
 def test_one_layer_window_width_is_range_minus_spread():
@@ -37,4 +37,4 @@ def test_one_layer_window_width_is_range_minus_spread():
     width = found["every_layer_window_high"] - found["every_layer_window_low"]
     # integer scales inside a continuous window of width range - spread
     assert abs(width - (_range(fmt) - mine.spread(SETTINGS))) <= 1.0
-    assert found["every_layer_window_low"] == found["elements_window_low"]  # one layer: the scopes agree
+    assert found["every_layer_window_low"] == found["element_window_low"]  # one layer: the scopes agree

@@ -159,17 +159,25 @@ def _allocate(policy: Prune, layers: list[LayerStats], refresh: bool) -> None:
     without a fit count at the target. q by bisection (the sum increases with q); capped below 1."""
     if policy.min_cosine is None or not refresh:
         return
-    limits, sizes = [], []
-    for stats in layers:
-        fitted = stats.sigma is not None and stats.truncation is not None and stats.numel > 0
-        limit = policy.sparsity
-        if fitted and bool(torch.isfinite(stats.sigma) & torch.isfinite(stats.truncation)):
-            sigma = stats.sigma.double()
-            alpha_n = cosine_threshold(sigma, policy.min_cosine, stats.truncation)
-            s0 = 0.0 if stats.bn_zero_share is None else float(stats.bn_zero_share)
-            limit = s0 + (1 - s0) * float(expected_sparsity(torch.log(alpha_n), sigma))
-        limits.append(limit)
-        sizes.append(max(stats.numel, 1))
+    sizes = [max(stats.numel, 1) for stats in layers]
+    limits = [policy.sparsity] * len(layers)
+    fitted = [
+        i
+        for i, stats in enumerate(layers)
+        if stats.sigma is not None and stats.truncation is not None and stats.numel > 0
+    ]
+    if fitted:  # one batched solve over the layers (one host sync), not one per layer
+        sigma = torch.stack([layers[i].sigma.double() for i in fitted]).cpu()
+        k = torch.stack([layers[i].truncation.double() for i in fitted]).cpu()
+        shares = [layers[i].bn_zero_share for i in fitted]
+        s0 = torch.tensor([0.0 if s is None else float(s) for s in shares], dtype=torch.float64)
+        usable = torch.isfinite(sigma) & torch.isfinite(k)
+        sigma, k = sigma.where(usable, 1.0), k.where(usable, 0.0)
+        alpha_n = cosine_threshold(sigma, policy.min_cosine, k)
+        limit = s0 + (1 - s0) * expected_sparsity(torch.log(alpha_n), sigma)
+        for i, ok, value in zip(fitted, usable.tolist(), limit.tolist(), strict=True):
+            if ok:
+                limits[i] = value
     total = sum(sizes)
 
     def overall(q: float) -> float:

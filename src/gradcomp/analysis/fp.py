@@ -586,16 +586,16 @@ def _window(
     return (float(good.min()), float(good.max())) if good.numel() else (None, None)
 
 
-SCOPES = {"elements": "predicted", "every layer": "predicted_worst_layer"}
+SCOPES = {"element": "predicted", "every-layer": "predicted_worst_layer"}
 
 
 def _column(scope: str) -> str:
-    return scope.replace(" ", "_")
+    return scope.replace("-", "_")
 
 
 def _fails(prediction: dict, settings: FailurePairs, scope: str):
     """The failure criterion on predicted `totals` (numbers, or tensors over global scales), applied to the
-    shares of all non-zero values ("elements") or to each layer's own shares ("every layer": the worst one
+    shares of all non-zero values ("element") or to each layer's own shares ("every-layer": the worst one
     decides)."""
     prefix = SCOPES[scope]
     return (prediction[f"{prefix}_clipped"] > settings.max_clipped) | (
@@ -608,8 +608,9 @@ def _agreement(rows: list[dict], scope: str) -> str:
     key = f"predicted_fails_{_column(scope)}"
     lost = [row["verdict"] == "significant" and row["gap_pt"] < 0 for row in rows]
     agree = sum(row[key] == loss for row, loss in zip(rows, lost, strict=True))
-    missed = [row["label"] for row, loss in zip(rows, lost, strict=True) if loss and not row[key]]
-    false = [row["label"] for row, loss in zip(rows, lost, strict=True) if row[key] and not loss]
+    named = [f"{row['label']} ({row['run']})" for row in rows]
+    missed = [name for name, row, loss in zip(named, rows, lost, strict=True) if loss and not row[key]]
+    false = [name for name, row, loss in zip(named, rows, lost, strict=True) if row[key] and not loss]
     return (
         f"The {scope} criterion matches the measured verdict (a significant loss against fp32 of its model) "
         f"for {agree} of {len(rows)} trained FP runs; losses not predicted: {', '.join(missed) or 'none'}; "
@@ -627,7 +628,7 @@ def _window_statement(row: dict) -> str:
             f"{scope} criterion: {'none' if low is None else f'2^{low:g} to 2^{high:g}'}"
             + (
                 f" (every layer needs {row['spread']:.1f} binades, the format has {row['format_range']:.1f})"
-                if scope == "every layer"
+                if scope == "every-layer"
                 else ""
             )
         )

@@ -162,9 +162,10 @@ def failure_cases(record: Record) -> Figure:
     figure, axes = subplots(ncols=3, width=5.4, height=4.6)
     ax = axes[0][0]
     labels, means, errors, colours, points = [], [], [], [], []
+    several = len({row["model"] for row in rows}) > 1
     for row in rows:
         for side, colour in (("failing", "C3"), ("fixing", "C2")):
-            labels.append(row[side])
+            labels.append(f"{row['model'].split(' ')[0]}: {row[side]}" if several else row[side])
             means.append(row[f"{side}_accuracy_mean"])
             low, high = row[f"{side}_accuracy_ci_low"], row[f"{side}_accuracy_ci_high"]
             errors.append((0.0, 0.0) if low is None else (means[-1] - low, high - means[-1]))
@@ -176,7 +177,7 @@ def failure_cases(record: Record) -> Figure:
     seed_points(ax, positions, points)
     ax.set_xticks(positions, labels=labels, rotation=30, ha="right", fontsize=8)
     for model in dict.fromkeys(row["model"] for row in rows):
-        baseline_band(ax, baselines[model], "accuracy", baselines[model]["label"])
+        baseline_band(ax, baselines[model], "accuracy", f"{model.split(' ')[0]} fp32")
     ax.set(ylabel="test accuracy", ylim=(0, 1), title="(a) failures and fixes")
     ax.legend(fontsize=8)
 
@@ -194,7 +195,7 @@ def failure_cases(record: Record) -> Figure:
             label=model,
         )
         ax.axhline(rules[model]["per_layer_rule_relative_mse"], color=colour, linestyle=":", linewidth=1)
-        for scope, alpha in (("elements", 0.06), ("every_layer", 0.18)):
+        for scope, alpha in (("element", 0.06), ("every_layer", 0.18)):
             if rules[model][f"{scope}_window_low"] is not None:
                 low, high = rules[model][f"{scope}_window_low"], rules[model][f"{scope}_window_high"]
                 ax.axvspan(low, high, color=colour, alpha=alpha)
