@@ -11,6 +11,8 @@ from gradcomp import log_moments, lognormal_threshold, stochastic_prune
 from gradcomp._backend import COMPILE_ENV, CpuCompiled
 from gradcomp.attach import attach
 from gradcomp.config import CompressionConfig
+from gradcomp.ops.prune import _prune_chunk
+from gradcomp.ops.stats import _log_sums
 
 
 def _both(monkeypatch, fn):
@@ -50,18 +52,60 @@ def test_compiled_compression_inside_backward(monkeypatch):
     assert handle.sparsity() == pytest.approx(0.8, abs=0.02)
 
 
-def test_a_failed_compile_warns_once_and_runs_eagerly(monkeypatch):
-    def broken_compile(fn, **kwargs):
+def _fake_compile(calls: list, fail: bool):
+    """A torch.compile stand-in whose compiled function records its calls, and fails if `fail`."""
+
+    def compile_(fn, **kwargs):
         def run(*args):
-            raise RuntimeError("no C++ compiler")
+            calls.append(args)
+            if fail:
+                raise RuntimeError("no C++ compiler")
+            return fn(*args)
 
         return run
 
+    return compile_
+
+
+def test_a_failed_compile_warns_once_per_dtypes_and_runs_eagerly(monkeypatch):
+    calls = []
     monkeypatch.setenv(COMPILE_ENV, "1")
-    monkeypatch.setattr(torch, "compile", broken_compile)
+    monkeypatch.setattr(torch, "compile", _fake_compile(calls, fail=True))
     kernel = CpuCompiled(lambda x: x + 1)
-    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler.*runs eagerly"):
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler.*run eagerly"):
         assert torch.equal(kernel(torch.zeros(3)), torch.ones(3))
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert torch.equal(kernel(torch.ones(2)), torch.full((2,), 2.0))
+    assert len(calls) == 1  # float32 is no longer tried
+    with pytest.warns(RuntimeWarning, match="float64"):
+        kernel(torch.zeros(2, dtype=torch.float64))
+
+
+def test_an_error_of_the_inputs_is_raised_and_compiling_stays_on(monkeypatch):
+    def reject_negative(x: torch.Tensor) -> torch.Tensor:
+        if (x < 0).any():
+            raise ValueError("negative input")
+        return x * 2
+
+    calls = []
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    monkeypatch.setattr(torch, "compile", _fake_compile(calls, fail=False))
+    kernel = CpuCompiled(reject_negative)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(ValueError, match="negative input"):
+            kernel(-torch.ones(3))
+        assert torch.equal(kernel(torch.ones(3)), torch.full((3,), 2.0))
+    assert len(calls) == 2 and not kernel.eager_signatures  # both calls went to the compiled function
+
+
+def test_inputs_that_require_grad_keep_the_compiled_path(monkeypatch):
+    """Inputs that require grad used to fail inside the compiled chunk (copysign(out=)) and switch
+    compiling off for the process; the ops detach them now."""
+    x = lognormal_gradient((2, 1000), sigma=2.0).requires_grad_()
+    eager, compiled = _both(monkeypatch, lambda: stochastic_prune(x, 0.01, seed=3))
+    assert same_bits(compiled, eager) and not compiled.requires_grad
+    eager, compiled = _both(monkeypatch, lambda: log_moments(x))
+    torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)
+    assert not _prune_chunk.eager_signatures and not _log_sums.eager_signatures

@@ -48,6 +48,7 @@ def test_every_experiment_has_its_two_steps():
         ("B1", {"run": "q", "bits": 8.5}, "experiments.B1.bits must be int"),
         ("B1", {"run": "q", "seeds": [0, "one"]}, "experiments.B1.seeds must be"),
         ("A4", {"kinds": ["ideal", "exact"]}, r"experiments.A4.kinds\[1\] must be one of"),
+        ("A4", {"formats": ["e4m3fn", "e4m3x"]}, r"experiments.A4: formats: cannot parse format 'e4m3x'"),
         (
             "A7",
             {"runs": ["p"], "synthetic": {"numl": 3}},
@@ -65,6 +66,25 @@ def test_every_experiment_has_its_two_steps():
 def test_a_bad_setting_fails_naming_the_key(experiment_id, section, message):
     with pytest.raises(ValueError, match=message):
         experiments()[experiment_id].params.from_config(section, f"experiments.{experiment_id}")
+
+
+def test_a4_evaluates_named_formats_at_their_optimal_scale():
+    settings = experiments()["A4"].params.from_config(
+        {
+            "bits": [4],
+            "kinds": ["fn"],
+            "formats": ["e4m3fn", "e8m0fnu"],
+            "sigmas": [2.0],
+            "monte_carlo": 4096,
+            "seeds": [0],
+        },
+        "experiments.A4",
+    )
+    result = experiments()["A4"].compute(settings, {})
+    rows = {row["format"]: row for row in result.tables["formats"].rows}
+    assert set(rows) == {"e4m3fn", "e8m0fnu"} and rows["e4m3fn"]["max_value"] == 448
+    # e8m0fnu: powers of two only, so its MSE at the best scale is far above the 3-bit mantissa's
+    assert 0 < rows["e4m3fn"]["relative_mse"] < rows["e8m0fnu"]["relative_mse"] < 1
 
 
 def test_integers_are_accepted_where_floats_are_expected():

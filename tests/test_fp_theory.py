@@ -3,10 +3,11 @@ import math
 import pytest
 import torch
 
-from gradcomp import FPFormat, quantize_fp
+from gradcomp import DTYPE_FORMATS, E2M1FN, E4M3FN, E4M3FNUZ, E8M0FNU, FPFormat, quantize_fp
 from gradcomp.fp_theory import (
     grid_for,
     ideal_grid,
+    min_exp_bits,
     mse_by_exp_bits,
     optimal_exp_bits,
     optimal_log2_scale,
@@ -110,6 +111,49 @@ def test_mse_table_covers_every_split_and_rejects_bad_input():
     assert sorted(table) == [1, 2, 3, 4] and all(v.shape == (2,) for v in table.values())
     with pytest.raises(ValueError, match="sigma"):
         relative_mse(ideal_grid(3, 2), 0.0, 0.0)
-    with pytest.raises(ValueError, match="grid kind"):
+    with pytest.raises(ValueError, match="grid kind must be 'ideal', 'saturate', 'inf' or 'fn'"):
         grid_for("bf16", 3, 2)
     assert math.isfinite(relative_mse(ideal_grid(3, 2), 20.0, -300.0).item())
+
+
+@pytest.mark.parametrize("name", list(DTYPE_FORMATS))
+def test_theory_takes_every_dtype_format(name):
+    fmt = DTYPE_FORMATS[name]
+    log2_scale, mse = optimal_log2_scale(fmt, torch.tensor([1.0, 3.0]))
+    assert torch.isfinite(log2_scale).all() and torch.all((mse > 0) & (mse < 1))
+    if fmt.zero:  # a format is its positive values plus zero
+        assert torch.equal(
+            relative_mse(fmt, 2.0, log2_scale), relative_mse(fmt.positive_values(), 2.0, log2_scale)
+        )
+
+
+def test_a_format_without_zero_rounds_small_values_up():
+    # far below float8_e8m0fnu's range every value becomes its smallest, 2^-127: the error is that value,
+    # (2^-127 / 2^-200)^2 / E[x^2]; a plain grid of its values has zero, which flushes them: relative MSE 1
+    expected = 2.0**146 / math.exp(2 * (math.log(2)) ** 2)  # E[x^2] = exp(2 (ln 2 sigma)^2) for sigma = 1
+    assert relative_mse(E8M0FNU, 1.0, -200.0).item() == pytest.approx(expected, rel=1e-9)
+    assert relative_mse(E8M0FNU.positive_values(), 1.0, -200.0).item() == pytest.approx(1.0)
+
+
+@pytest.mark.parametrize("fmt", [E4M3FN, E4M3FNUZ, E2M1FN, E8M0FNU], ids=str)
+def test_analytic_mse_matches_monte_carlo_for_dtype_formats(fmt):
+    sigma = 1.5
+    log2_scale = optimal_log2_scale(fmt, sigma)[0].item()
+    generator = torch.Generator().manual_seed(1)
+    log2_x = 2 * math.log(2) * sigma**2 + sigma * torch.randn(
+        400_000, generator=generator, dtype=torch.float64
+    )
+    x = torch.exp2(log2_x).float()
+    x_hat = quantize_fp(x * 2.0**log2_scale, fmt).double()
+    x_hat = torch.where(torch.isfinite(x_hat), x_hat, fmt.max_value) / 2.0**log2_scale  # the theory clamps
+    monte_carlo = ((x_hat / x.double() - 1) ** 2).mean()
+    assert monte_carlo.item() == pytest.approx(relative_mse(fmt, sigma, log2_scale).item(), rel=0.03)
+
+
+def test_fn_grids_lose_the_all_ones_code():
+    saturate, fn = grid_for("saturate", 4, 3), grid_for("fn", 4, 3)
+    assert torch.equal(fn, saturate[:-1]) and fn[-1] == E4M3FN.max_value
+    assert min_exp_bits("fn") == 1
+    table = mse_by_exp_bits(6, torch.tensor([2.0]), "fn")
+    assert sorted(table) == [1, 2, 3, 4, 5]  # E = 5, M = 0: the all-ones code takes the whole top binade
+    assert int(optimal_exp_bits(8, 3.0, "fn")) == int(optimal_exp_bits(8, 3.0, "saturate"))

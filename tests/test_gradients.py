@@ -19,7 +19,7 @@ from gradcomp.analysis.runs import load_groups
 from gradcomp.analysis.statquant import unbiasedness, variance_vs_bits
 from gradcomp.config import resolve_config
 from gradcomp.experiments import Unbiasedness, VarianceVsBits
-from gradcomp.ops.int_quant import BlockHouseholder, _affine_params, quantize_int
+from gradcomp.ops.int_quant import AffineMap, BlockHouseholder, quantize_int
 from gradcomp.qat import quantize_forward
 from gradcomp.train import train
 
@@ -71,10 +71,11 @@ def test_bin_codes_are_the_codes_quantize_int_uses(scheme):
         return rows.reshape(1, -1) if scheme == "ptq" else rows
 
     transform = BlockHouseholder.from_ranges(row_ranges(x))
-    zero, scale, _ = _affine_params(coded_domain(x), 15)
+    affine = AffineMap.of_rows(coded_domain(x), 15)
+    pre, zero, scale = (value[:, None] for value in (affine.pre, affine.zero, affine.scale))
     output = coded_domain(quantize_int(x.double(), 4, scheme, seed=7))
     codes = bin_codes(x.double(), 4, scheme, seed=7).reshape(output.shape)
-    assert torch.allclose((output - zero[:, None]) * scale[:, None], codes.double(), atol=1e-3)
+    assert torch.allclose((output * pre - zero) * scale, codes.double(), atol=1e-3)
 
 
 def test_per_tensor_codes_use_fewer_bins_than_per_sample_codes_with_one_dominant_row():

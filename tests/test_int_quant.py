@@ -6,7 +6,7 @@ import torch
 from helpers import same_bits
 
 from gradcomp import quantize_int
-from gradcomp.ops.int_quant import RANGE_EPS, BlockHouseholder
+from gradcomp.ops.int_quant import RANGE_EPS, AffineMap, BlockHouseholder
 
 SCHEMES = ["ptq", "psq", "bhq"]
 
@@ -222,7 +222,104 @@ def test_triton_affine_kernel_block_size_independent(kernel_device):
     from gradcomp.kernels.int_quant import stochastic_affine_triton
 
     rows = row_scaled(10, 300, 1.0).to(kernel_device)
-    zero, scale, inv = rows.amin(1), 15 / (rows.amax(1) - rows.amin(1)), (rows.amax(1) - rows.amin(1)) / 15
-    a = stochastic_affine_triton(rows, zero, scale, inv, 15, 4, block=128)
-    b = stochastic_affine_triton(rows, zero, scale, inv, 15, 4, block=2048)
+    params = torch.stack(AffineMap.of_rows(rows, 15))
+    a = stochastic_affine_triton(rows, params, 15, 4, block=128)
+    b = stochastic_affine_triton(rows, params, 15, 4, block=2048)
     assert same_bits(a, b)
+
+
+def _extreme_groups(dtype: torch.dtype) -> dict[str, tuple[torch.Tensor, int]]:
+    """Groups whose range or levels/range leave the compute dtype's range, as (one row, bits)."""
+    info = torch.finfo(dtype)
+    tiny = info.tiny / 64  # a subnormal
+    generator = torch.Generator().manual_seed(0)
+    return {
+        "subnormal": (torch.tensor([[tiny, -tiny, 0.0, 3 * tiny]], dtype=torch.float64), 4),
+        "small": (torch.randn(1, 64, generator=generator, dtype=torch.float64) * (8 * info.tiny), 8),
+        "huge": (torch.tensor([[0.9 * info.max, -0.9 * info.max, 1.0, 2.0]], dtype=torch.float64), 4),
+    }
+
+
+@pytest.mark.parametrize("scheme", ["ptq", "psq"])
+@pytest.mark.parametrize("case", ["subnormal", "small", "huge"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_extreme_group_ranges_give_finite_unbiased_outputs_within_the_range(scheme, case, dtype):
+    row, bits = _extreme_groups(dtype)[case]
+    row = row.to(dtype)
+    draws = 4000
+    out = quantize_int(row.repeat(draws, 1), bits, scheme, seed=3)  # every row the same group
+    assert out.dtype == dtype and torch.isfinite(out).all()
+    low, high = row.min(), row.max()
+    assert ((out >= low) & (out <= high)).all()
+    magnitude = row.double().abs().max()  # in units of it, so that float64 sums do not overflow
+    row64, out64 = row.double() / magnitude, out.double() / magnitude
+    step = (row64.max() - row64.min()) / (2**bits - 1)
+    rounding = torch.finfo(dtype).eps * (1 + torch.finfo(dtype).tiny / magnitude)  # the output's rounding
+    bound = 5 * step / (2 * math.sqrt(draws)) + rounding
+    assert ((out64.mean(0) - row64[0]).abs() <= bound).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
+def test_extreme_groups_under_bhq_stay_finite(dtype):
+    info = torch.finfo(dtype)
+    for x in (
+        torch.tensor([[0.9, -0.9, 1e-6, 2e-6], [1e-3, 2e-3, 3e-3, 4e-3]], dtype=torch.float64) * info.max,
+        torch.tensor([[1.0, -1.0, 0.0, 3.0], [1.0, 2.0, 3.0, 4.0]], dtype=torch.float64) * (info.tiny / 64),
+    ):
+        out = quantize_int(x.to(dtype), 4, "bhq", seed=1)
+        assert out.dtype == dtype and torch.isfinite(out).all()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_triton_is_bit_exact_on_extreme_groups(kernel_device, dtype):
+    groups = _extreme_groups(dtype)
+    rows = torch.cat([row[:, :4] for row, _ in groups.values()]).to(dtype)
+    for scheme in SCHEMES:
+        expected = quantize_int(rows, 4, scheme, seed=6, backend="torch")
+        got = quantize_int(rows.to(kernel_device), 4, scheme, seed=6, backend="triton")
+        assert same_bits(got.cpu(), expected), scheme
+
+
+def test_issue_examples_are_finite():
+    torch.manual_seed(0)
+    for x, bits in (
+        (torch.randn(4, 64) * 1e-37, 8),
+        (torch.tensor([[1e-40, -1e-40, 0.0]]), 4),
+        (torch.tensor([[3e38, -3e38, 1.0, 2.0]]), 4),
+    ):
+        for dtype in (torch.float32, torch.bfloat16):
+            for scheme in SCHEMES:
+                assert torch.isfinite(quantize_int(x.to(dtype), bits, scheme, seed=0)).all()
+
+
+@pytest.mark.parametrize("scheme", ["ptq", "psq"])
+def test_zeros_stay_exact_where_they_are_their_groups_minimum(scheme):
+    """The documented rule: a group's min maps to code 0 and back exactly, so zeros survive in groups of
+    values >= 0 (here rows after a ReLU, and an all-zero row); with negative values present a zero moves to
+    a neighbouring code, unbiased (mean 0)."""
+    generator = torch.Generator().manual_seed(2)
+    relu = torch.randn(6, 40, generator=generator).clamp_min(0)
+    relu[3] = 0
+    for seed in range(20):
+        assert torch.all(quantize_int(relu, 3, scheme, seed=seed)[relu == 0] == 0)
+    signed = torch.randn(6, 40, generator=generator)
+    signed[:, ::4] = 0
+    draws = 400
+    outs = torch.stack([quantize_int(signed, 3, scheme, seed=seed) for seed in range(draws)])[:, signed == 0]
+    assert (outs != 0).float().mean() > 0.5  # zeros do move
+    rows = signed.reshape(1, -1) if scheme == "ptq" else signed
+    step = ((rows.amax(1) - rows.amin(1)) / 7).max()
+    assert outs.double().mean(0).abs().max() < 5 * step / (2 * math.sqrt(draws))
+
+
+def test_inputs_that_require_grad_are_detached():
+    x = row_scaled(6, 10, 1.0).requires_grad_()
+    for scheme in SCHEMES:
+        out = quantize_int(x, 4, scheme, seed=0)
+        assert not out.requires_grad
+        assert same_bits(out, quantize_int(x.detach(), 4, scheme, seed=0))
+
+
+def test_bits_must_be_a_plain_integer():
+    with pytest.raises(ValueError, match="bits"):
+        quantize_int(torch.ones(3), True)

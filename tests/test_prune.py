@@ -55,7 +55,7 @@ def test_low_precision_alpha_is_rounded_to_the_dtype_and_stays_unbiased(dtype):
     out = stochastic_prune(x, alpha, seed=2)
     assert out.dtype == dtype
     kept = out[out != 0]
-    assert torch.all(kept == torch.tensor(alpha).to(dtype))
+    assert torch.all(kept == torch.tensor(alpha, dtype=torch.float64).to(dtype))  # float64: alpha itself
     expected = x[0].double()
     bound = 5 * math.sqrt(0.3 * 0.7 / x.numel()) * alpha
     assert abs(out.double().mean() - expected) < bound
@@ -188,3 +188,94 @@ def test_triton_log_moments_and_threshold(kernel_device, dtype):
     torch.testing.assert_close(got, expected, rtol=1e-5, atol=1e-3)
     alpha = lognormal_threshold(x.to(kernel_device), 0.85, backend="triton").cpu()
     torch.testing.assert_close(alpha, lognormal_threshold(x, 0.85, backend="torch"), rtol=1e-5, atol=0)
+
+
+def test_float64_alpha_keeps_float64_precision():
+    """1e-300 and 1e300 are far outside float32: alpha must not pass through it."""
+    generator = torch.Generator().manual_seed(0)
+    for scale in (1e-300, 1e300):
+        x = torch.rand(20000, generator=generator, dtype=torch.float64) * scale
+        out = stochastic_prune(x, scale, seed=4)
+        assert torch.all((out == 0) | (out == scale))
+        assert 0.4 < (out == 0).double().mean() < 0.6
+        mean_error = ((out - x) / scale).mean().abs()
+        assert mean_error < 5 * math.sqrt(0.25 / x.numel())
+
+
+@pytest.mark.parametrize(
+    ("alpha", "dtype", "match"),
+    [
+        (1e5, torch.float16, "largest torch.float16"),
+        (1e39, torch.float32, "largest torch.float32"),
+        (3.4e38, torch.bfloat16, "largest torch.bfloat16"),
+        (10**400, torch.float64, "finite"),
+        (1e-33, torch.float32, "below 2\\^24"),
+        (1e-33, torch.bfloat16, "below 2\\^24"),
+        (1e-302, torch.float64, "below 2\\^24"),
+    ],
+)
+def test_number_alpha_outside_what_the_dtype_resolves_is_rejected(alpha, dtype, match):
+    with pytest.raises(ValueError, match=match):
+        stochastic_prune(torch.ones(4, dtype=dtype), alpha)
+
+
+def test_alpha_of_a_wrong_type_is_rejected():
+    for bad in ("0.5", True, None):
+        with pytest.raises(TypeError, match="alpha"):
+            stochastic_prune(torch.ones(4), bad)
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])
+def test_tensor_alpha_beyond_the_dtype_acts_as_its_largest_value(dtype):
+    x = lognormal_gradient(2000, sigma=2.0, mu=0.0).to(dtype)
+    largest = torch.finfo(dtype).max
+    expected = stochastic_prune(x, largest, seed=3)
+    for alpha in (torch.tensor(math.inf), torch.tensor(largest, dtype=torch.float64) * 2):
+        got = stochastic_prune(x, alpha, seed=3)
+        assert same_bits(got, expected)
+    finite = torch.isfinite(x)
+    assert torch.all((got[finite] == 0) | (got[finite].abs() == largest))
+
+
+def test_tensor_alpha_below_the_resolvable_range_prunes_nothing():
+    """2^24/alpha would overflow: every value below alpha would be promoted, none may be."""
+    for dtype, alpha in ((torch.float32, 1e-40), (torch.float64, 1e-305)):
+        x = lognormal_gradient(500, sigma=1.0).to(dtype) * (alpha / 100)  # all below alpha
+        assert same_bits(stochastic_prune(x, torch.tensor(alpha, dtype=dtype), seed=1), x)
+
+
+def test_nan_or_negative_tensor_alpha_gives_nan():
+    x = lognormal_gradient(300, sigma=2.0)
+    for alpha in (torch.tensor(math.nan), torch.tensor(-1.0)):
+        out = stochastic_prune(x, alpha, seed=0)
+        assert torch.isnan(out).all()
+
+
+def test_inputs_that_require_grad_are_detached():
+    x = lognormal_gradient(1000, sigma=2.0, specials=False).requires_grad_()
+    out = stochastic_prune(x, 0.01, seed=2)
+    assert not out.requires_grad and same_bits(out, stochastic_prune(x.detach(), 0.01, seed=2))
+    moments = log_moments(x)
+    assert not moments.requires_grad and torch.equal(moments, log_moments(x.detach()))
+    for estimator in (lognormal_threshold, gaussian_threshold, laplace_threshold, topk_threshold):
+        alpha = estimator(x, 0.8)
+        assert not alpha.requires_grad and torch.equal(alpha, estimator(x.detach(), 0.8))
+
+
+def test_triton_prune_matches_on_alpha_edge_cases(kernel_device):
+    x = lognormal_gradient(600, sigma=2.0, mu=0.0).half()
+    for alpha in (torch.tensor(1e5), torch.tensor(0.0), torch.tensor(1e-40), torch.tensor(0.5)):
+        expected = stochastic_prune(x, alpha, seed=5, backend="torch")
+        got = stochastic_prune(x.to(kernel_device), alpha.to(kernel_device), seed=5, backend="triton")
+        assert same_bits(got.cpu(), expected)
+    for alpha in (torch.tensor(math.nan), torch.tensor(-2.0)):
+        expected = stochastic_prune(x, alpha, seed=5, backend="torch")
+        got = stochastic_prune(x.to(kernel_device), alpha.to(kernel_device), seed=5, backend="triton").cpu()
+        assert torch.isnan(got).all() and torch.isnan(expected).all()
+
+
+def test_one_layer_threshold_of_a_huge_spread_is_no_pruning_as_in_the_batched_form():
+    x = torch.tensor([1.0, 1.4553e160, math.nan], dtype=torch.float64)  # sigma ~ 260
+    moments = log_moments(x)
+    assert lognormal_threshold(x, 0.75).item() == 0.0
+    assert lognormal_threshold_from_moments(moments[None], 3, 0.75).item() == 0.0

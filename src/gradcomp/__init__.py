@@ -16,8 +16,16 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "DTYPE_FORMATS": "gradcomp.formats",
+    "E2M1FN": "gradcomp.formats",
+    "E2M3FN": "gradcomp.formats",
+    "E3M2FN": "gradcomp.formats",
     "E4M3": "gradcomp.formats",
+    "E4M3FN": "gradcomp.formats",
+    "E4M3FNUZ": "gradcomp.formats",
     "E5M2": "gradcomp.formats",
+    "E5M2FNUZ": "gradcomp.formats",
+    "E8M0FNU": "gradcomp.formats",
     "PAPER_FORMATS": "gradcomp.formats",
     "FPFormat": "gradcomp.formats",
     "parse_format": "gradcomp.formats",
@@ -32,8 +40,16 @@ _EXPORTS = {
     "topk_threshold": "gradcomp.ops",
 }
 __all__ = [
+    "DTYPE_FORMATS",
+    "E2M1FN",
+    "E2M3FN",
+    "E3M2FN",
     "E4M3",
+    "E4M3FN",
+    "E4M3FNUZ",
     "E5M2",
+    "E5M2FNUZ",
+    "E8M0FNU",
     "PAPER_FORMATS",
     "FPFormat",
     "gaussian_threshold",
@@ -49,7 +65,21 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gradcomp.formats import E4M3, E5M2, PAPER_FORMATS, FPFormat, parse_format
+    from gradcomp.formats import (
+        DTYPE_FORMATS,
+        E2M1FN,
+        E2M3FN,
+        E3M2FN,
+        E4M3,
+        E4M3FN,
+        E4M3FNUZ,
+        E5M2,
+        E5M2FNUZ,
+        E8M0FNU,
+        PAPER_FORMATS,
+        FPFormat,
+        parse_format,
+    )
     from gradcomp.ops import (
         gaussian_threshold,
         laplace_threshold,

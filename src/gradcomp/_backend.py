@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import warnings
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -54,11 +55,18 @@ def use_triton(x: Tensor, backend: Backend) -> bool:
     return True
 
 
-def check_float(x: Tensor, op: str) -> None:
+def check_float(x: Tensor, op: str) -> Tensor:
+    """x detached, after checking that it is a floating-point tensor.
+
+    The ops are not differentiable (rounding and pruning have zero gradient almost everywhere): they
+    compute on x.detach() and return tensors that do not require grad, whether or not x does; a gradient
+    through them is the caller's choice (e.g. a straight-through autograd.Function).
+    """
     if not isinstance(x, Tensor):
         raise TypeError(f"{op}: expected a torch.Tensor, got {type(x).__name__}")
     if not x.is_floating_point():
         raise TypeError(f"{op}: expected a floating-point tensor, got {x.dtype}")
+    return x.detach()
 
 
 @dataclass(frozen=True)
@@ -108,28 +116,37 @@ class CpuCompiled:
     """A chunk function of an op's torch implementation that runs, on CPU tensors, as compiled by
     `torch.compile` (inductor's C++ code: one fused loop instead of a dozen passes over memory, which is what
     makes every-step compression cheap on CPUs). It is the same function: the eager call is its oracle and
-    the fallback, used where GRADCOMP_COMPILE=0, for other devices, and after compiling fails once (e.g. no
-    C++ compiler), with a warning that says why."""
+    the fallback, used where GRADCOMP_COMPILE=0 and for other devices.
 
-    def __init__(self, fn) -> None:
+    A compiled call that fails is retried eagerly. If the eager call fails too, the inputs are at fault: its
+    error is raised and compiling stays on. If it succeeds, the compiler is missing or cannot handle these
+    argument dtypes: they run eagerly from then on (same results, slower), with one warning that says why,
+    while other dtypes keep compiling.
+    """
+
+    def __init__(self, fn: Callable[..., Tensor]) -> None:
         self.fn = fn
         self.compiled = None  # compiled at the first call that needs it (importing dynamo takes seconds)
-        self.failed = False
+        self.eager_signatures: set[tuple[torch.dtype, ...]] = set()  # argument dtypes compiling failed for
         functools.update_wrapper(self, fn)
 
-    def __call__(self, first: Tensor, *args):
-        if self.failed or first.device.type != "cpu" or not compile_enabled():
+    def __call__(self, first: Tensor, *args) -> Tensor:
+        signature = tuple(arg.dtype for arg in (first, *args) if isinstance(arg, Tensor))
+        if first.device.type != "cpu" or not compile_enabled() or signature in self.eager_signatures:
             return self.fn(first, *args)
         try:
             if self.compiled is None:
                 self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
             return self.compiled(first, *args)
-        except Exception as error:  # a compiler that is missing or fails: same results, eagerly
-            self.failed = True
-            warnings.warn(
-                f"gradcomp: compiling {self.fn.__qualname__} for the CPU failed ({type(error).__name__}: "
-                f"{error}); it runs eagerly (same results, slower). Set {COMPILE_ENV}=0 to skip compiling.",
-                RuntimeWarning,
-                stacklevel=2,
-            )
-            return self.fn(first, *args)
+        except Exception as error:  # classified by the eager retry below
+            compile_error = error
+        result = self.fn(first, *args)  # outside the handler: an error of the inputs is raised as it is
+        self.eager_signatures.add(signature)
+        warnings.warn(
+            f"gradcomp: compiling {self.fn.__qualname__} for the CPU failed for arguments of dtypes "
+            f"{[str(dtype) for dtype in signature]} ({type(compile_error).__name__}: {compile_error}); "
+            f"they run eagerly (same results, slower). Set {COMPILE_ENV}=0 to skip compiling.",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+        return result

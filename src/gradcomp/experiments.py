@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal
 
+from gradcomp.formats import parse_format
+
 ALL = "all"  # `runs: all`: every run of the config
 
 
@@ -189,10 +191,29 @@ class GoodnessOfFit(AcrossModels):
 @dataclass(frozen=True)
 class FpTheory(Params):
     bits: tuple[int, ...] = (4, 5, 6, 8)
-    kinds: tuple[Literal["ideal", "saturate", "inf"], ...] = ("ideal", "saturate", "inf")
+    kinds: tuple[Literal["ideal", "saturate", "inf", "fn"], ...] = ("ideal", "saturate", "inf", "fn")
+    # named formats (parse_format names: the ml_dtypes / OCP dtypes, or e{E}m{M}-...) at their optimal scale
+    formats: tuple[str, ...] = (
+        "float8_e5m2",
+        "float8_e4m3",
+        "e4m3fn",
+        "e4m3fnuz",
+        "e5m2fnuz",
+        "e3m2fn",
+        "e2m3fn",
+        "e2m1fn",
+        "e8m0fnu",
+    )
     sigmas: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)
     monte_carlo: int = 200_000  # samples of each Monte-Carlo check
     seeds: tuple[int, ...] = (0, 1, 2)  # one Monte-Carlo estimate per seed
+
+    def __post_init__(self) -> None:
+        for name in self.formats:
+            try:
+                parse_format(name)
+            except (TypeError, ValueError) as error:
+                raise ValueError(f"formats: {error}") from None
 
 
 @dataclass(frozen=True)

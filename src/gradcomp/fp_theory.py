@@ -6,7 +6,10 @@ is absorbed by the scale). x is scaled by 2^log2_scale, rounded to the nearest p
 E[(x_hat - x)^2] / E[x^2] is exact: a sum over grid bins of lognormal partial moments, no sampling.
 
 Any grid works: `ideal_grid` is the idealised one of the paper's analysis (2^E binades of 2^M levels plus
-zero), `FPFormat.positive_values()` the real saturating / IEEE-like formats with subnormals.
+zero), `FPFormat.positive_values()` the real formats with subnormals (saturating, IEEE-like, or with only the
+all-ones code reserved as OCP's float8_e4m3fn). Where a grid is expected an `FPFormat` also works: its
+positive values, and zero unless the format has none (float8_e8m0fnu). The theory clamps at the top point
+whatever the format's overflow (Inf and NaN outputs have no finite error).
 """
 
 from __future__ import annotations
@@ -19,7 +22,8 @@ from torch import Tensor
 
 from gradcomp.formats import FPFormat
 
-GridKind = Literal["ideal", "saturate", "inf"]
+GridKind = Literal["ideal", "saturate", "inf", "fn"]
+Grid = Tensor | FPFormat
 _LN2 = math.log(2.0)
 _INV_SQRT2 = 1 / math.sqrt(2.0)
 _GOLDEN = (math.sqrt(5) - 1) / 2
@@ -33,16 +37,31 @@ def ideal_grid(exp_bits: int, man_bits: int) -> Tensor:
 
 
 def grid_for(kind: GridKind, exp_bits: int, man_bits: int) -> Tensor:
-    """Positive grid of a 1+E+M-bit format: idealised, saturating with subnormals, or IEEE-like (Inf)."""
+    """Positive grid of a 1+E+M-bit format: idealised, or with subnormals and every code a number
+    ("saturate"), the top exponent field reserved ("inf", IEEE-like) or the all-ones code ("fn", as OCP's
+    float8_e4m3fn: one value fewer than "saturate")."""
     if kind == "ideal":
         return ideal_grid(exp_bits, man_bits)
-    if kind not in ("saturate", "inf"):
-        raise ValueError(f"grid kind must be 'ideal', 'saturate' or 'inf', got {kind!r}")
-    return FPFormat(exp_bits, man_bits, overflow=kind).positive_values()
+    reserved = {"saturate": "none", "inf": "ieee", "fn": "all_ones"}.get(kind)
+    if reserved is None:
+        raise ValueError(f"grid kind must be 'ideal', 'saturate', 'inf' or 'fn', got {kind!r}")
+    return FPFormat(
+        exp_bits, man_bits, reserved=reserved, overflow="inf" if kind == "inf" else "saturate"
+    ).positive_values()
 
 
 def min_exp_bits(kind: GridKind) -> int:
-    return {"ideal": 0, "saturate": 1, "inf": 2}[kind]
+    """The fewest exponent bits of the kind's formats ("fn" with M = 0 needs 2: its top field is NaN)."""
+    return {"ideal": 0, "saturate": 1, "inf": 2, "fn": 1}[kind]
+
+
+def _points(grid: Grid) -> Tensor:
+    """The sorted points of a grid, zero included (a tensor of positive points always has zero)."""
+    if isinstance(grid, FPFormat):
+        positive = grid.positive_values()
+        return torch.cat([positive.new_zeros(1), positive]) if grid.zero else positive
+    grid = torch.sort(grid.to(torch.float64)).values
+    return torch.cat([grid.new_zeros(1), grid])
 
 
 def _bin_masses(z: Tensor) -> Tensor:
@@ -54,16 +73,18 @@ def _bin_masses(z: Tensor) -> Tensor:
     return torch.where(z[..., :-1] > 0, from_upper, from_lower)
 
 
-def relative_mse(grid: Tensor, sigma: Tensor | float, log2_scale: Tensor | float) -> Tensor:
-    """Exact relative MSE of nearest rounding to `grid` (positive points; 0 is always a point), for
+def relative_mse(grid: Grid, sigma: Tensor | float, log2_scale: Tensor | float) -> Tensor:
+    """Exact relative MSE of nearest rounding to `grid` (positive points, and 0; or a format), for
     log2|x| ~ N(0, sigma^2) scaled by 2^log2_scale. Broadcasts over sigma and log2_scale."""
-    grid = torch.sort(grid.to(torch.float64)).values
+    return _relative_mse(_points(grid), sigma, log2_scale)
+
+
+def _relative_mse(points: Tensor, sigma: Tensor | float, log2_scale: Tensor | float) -> Tensor:
     sigma = torch.as_tensor(sigma, dtype=torch.float64)
     log2_scale = torch.as_tensor(log2_scale, dtype=torch.float64)
     if (sigma <= 0).any():
         raise ValueError("sigma must be positive")
-    points = torch.cat([grid.new_zeros(1), grid])  # q_0 = 0 < q_1 < ... < q_K
-    edges = torch.cat([grid.new_zeros(1), (points[:-1] + points[1:]) / 2, grid.new_full((1,), math.inf)])
+    edges = torch.cat([points.new_zeros(1), (points[:-1] + points[1:]) / 2, points.new_full((1,), math.inf)])
     s = (sigma * _LN2)[..., None]  # natural-log parameters of y = x * scale
     mu = (log2_scale * _LN2)[..., None]
     log_edges = torch.log(edges)
@@ -78,7 +99,7 @@ def relative_mse(grid: Tensor, sigma: Tensor | float, log2_scale: Tensor | float
 
 
 def optimal_log2_scale(
-    grid: Tensor, sigma: Tensor | float, step: float = 0.25, refine: int = 30
+    grid: Grid, sigma: Tensor | float, step: float = 0.25, refine: int = 30
 ) -> tuple[Tensor, Tensor]:
     """MSE-optimal log2 scale and its relative MSE, for each sigma (log2 units).
 
@@ -86,23 +107,24 @@ def optimal_log2_scale(
     distribution's energy sits), then golden-section refines inside the best bracket.
     """
     sigma = torch.as_tensor(sigma, dtype=torch.float64)
-    log_grid = torch.log2(grid[grid > 0])
+    points = _points(grid)
+    log_grid = torch.log2(points[points > 0])
     centre = (log_grid.min() + log_grid.max()) / 2 - 2 * _LN2 * sigma * sigma
     # beyond ~6 sigma from the centre the tails are clipped or flushed; a grid wider than that is periodic
     # (one binade) in the scale near its centre, so the search never needs more than this half-width
     half_width = torch.clamp((log_grid.max() - log_grid.min()) / 2 + 6 * sigma + 4, max=6 * sigma + 6)
     offsets = torch.arange(-1.0, 1.0 + 1e-9, step / float(half_width.max()), dtype=torch.float64)
     candidates = centre[..., None] + offsets * half_width[..., None]
-    mse = relative_mse(grid, sigma[..., None], candidates)
+    mse = _relative_mse(points, sigma[..., None], candidates)
     best = candidates.gather(-1, mse.argmin(-1, keepdim=True)).squeeze(-1)
     spacing = step * half_width / half_width.max()
     lo, hi = best - spacing, best + spacing
     for _ in range(refine):
         a, b = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
-        left_better = relative_mse(grid, sigma, a) < relative_mse(grid, sigma, b)
+        left_better = _relative_mse(points, sigma, a) < _relative_mse(points, sigma, b)
         lo, hi = torch.where(left_better, lo, a), torch.where(left_better, b, hi)
     log2_scale = (lo + hi) / 2
-    return log2_scale, relative_mse(grid, sigma, log2_scale)
+    return log2_scale, _relative_mse(points, sigma, log2_scale)
 
 
 def mse_by_exp_bits(total_bits: int, sigma: Tensor | float, kind: GridKind = "ideal") -> dict[int, Tensor]:

@@ -82,6 +82,24 @@ def fp_mse_theory(settings: FpTheory, runs: dict[str, RunGroup]) -> Result:
         for exp_bits, mse in fp_theory.mse_by_exp_bits(bits, chosen, kind).items()
         for sigma, value in zip(settings.sigmas, mse.tolist(), strict=True)
     ]
+    named = [
+        {
+            "format": fmt.name,
+            "bits": fmt.bits,
+            "exp_bits": fmt.exp_bits,
+            "man_bits": fmt.man_bits,
+            "reserved": fmt.reserved,
+            "max_value": fmt.max_value,
+            "range_binades": math.log2(fmt.max_value / fmt.min_subnormal),
+            "sigma_log2": sigma,
+            "optimal_log2_scale": scale,
+            "relative_mse": value,
+        }
+        for fmt in map(parse_format, settings.formats)
+        for sigma, scale, value in zip(
+            settings.sigmas, *(v.tolist() for v in fp_theory.optimal_log2_scale(fmt, chosen)), strict=True
+        )
+    ]
     checks = []
     for name in MONTE_CARLO_FORMATS:
         for sigma2 in MONTE_CARLO_SIGMAS:
@@ -115,21 +133,28 @@ def fp_mse_theory(settings: FpTheory, runs: dict[str, RunGroup]) -> Result:
         "optimal_exp_bits_sigma2_3": {
             f"{b}b {k}": best_at(b, k, 3.0) for b in settings.bits for k in settings.kinds
         },
+        "named_relative_mse_sigma2_3": {
+            row["format"]: row["relative_mse"] for row in named if row["sigma_log2"] == 3
+        },
     }
     caption = f"""Exact relative MSE E[(Q(x)-x)^2]/E[x^2] of nearest rounding of a lognormal (log2|x| ~
         N(mu2, sigma2^2)) to FP grids, from gradcomp.fp_theory. (a) Against the scale for FP6 [1,4,1]
         (saturating, with subnormals): an optimum between underflow and overflow. (b) At the optimal scale
         against sigma2 for every exponent/mantissa split of 6 bits (idealised grid). (c) The optimal number
         of exponent bits against sigma2 for {", ".join(map(str, settings.bits))}-bit formats on the
-        {", ".join(settings.kinds)} grids (idealised: 2^E binades of 2^M levels; saturate and inf: real
-        formats with subnormals, saturating or IEEE-like): the optimum moves. (d) Analytic MSE against
+        {", ".join(settings.kinds)} grids (idealised: 2^E binades of 2^M levels; saturate, inf and fn: real
+        formats with subnormals, every code a number, IEEE-like, or only the all-ones code reserved as in
+        float8_e4m3fn): the optimum moves. (d) Analytic MSE against
         Monte-Carlo estimates with quantize_fp at the optimal scale ({settings.monte_carlo:,} samples from
         the energy-tilted lognormal, which has the same relative MSE and a far smaller variance; mean and 95
-        % CI over {len(settings.seeds)} seeds)."""
+        % CI over {len(settings.seeds)} seeds). Tables also give named formats ({", ".join(settings.formats)}:
+        the ml_dtypes / OCP dtypes) at their own MSE-optimal scale; the theory clamps at the largest value
+        whatever a format does on overflow (saturate, Inf or NaN)."""
     return Result(
         caption=caption,
         tables={
             "main": Table("Analytic vs Monte-Carlo relative MSE at the optimal scale", checks),
+            "formats": Table("Relative MSE of named formats at their MSE-optimal scale", named),
             "switch_points": Table(
                 "Sigma2 (binades) from which E exponent bits minimise the relative MSE at the optimal scale",
                 switch_points,

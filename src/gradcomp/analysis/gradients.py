@@ -18,7 +18,7 @@ from torch.nn.utils import parametrize
 
 from gradcomp.attach import attach, select_layers
 from gradcomp.config import CompressionConfig
-from gradcomp.ops.int_quant import BlockHouseholder, Scheme, _affine_params, quantize_int
+from gradcomp.ops.int_quant import AffineMap, BlockHouseholder, Scheme, quantize_int
 from gradcomp.policies import Policy
 
 LAYERS = ("conv", "linear")  # where StatQuant quantizes gradients (section 2.0)
@@ -124,9 +124,10 @@ def bin_codes(x: Tensor, bits: int, scheme: Scheme, seed: int = 0) -> Tensor:
         rows = transform.reflect(rows * transform.scale[:, None])
     groups = rows.reshape(1, -1) if scheme == "ptq" else rows
     levels = 2**bits - 1
-    zero, scale, _ = _affine_params(groups, levels)
+    affine = AffineMap.of_rows(groups, levels)
     quantized = quantize_int(groups, bits, "psq", seed=seed)
-    codes = torch.round((quantized - zero[:, None]) * scale[:, None]).clamp(0, levels)
+    pre, zero, scale = (value[:, None] for value in (affine.pre, affine.zero, affine.scale))
+    codes = torch.round((quantized * pre - zero) * scale).clamp(0, levels)
     return codes.long().reshape(rows.shape)
 
 

@@ -1,8 +1,12 @@
-"""Triton kernel of `gradcomp.ops.quantize_fp`: the same bit-level algorithm, one element per lane."""
+"""Triton kernel of `gradcomp.ops.quantize_fp`: the same bit-level algorithm, one element per lane.
+
+Format values that may be float32 subnormals (min_normal, max_value, the smallest value of a format without
+zero) come as bit patterns and are compared on the bits of non-negative floats (the same order): Triton
+would make a float constant below 2^-126 a float64."""
 
 from __future__ import annotations
 
-import math
+from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -12,7 +16,74 @@ from torch import Tensor
 from gradcomp.kernels.rng import random_uint32, uniform24
 from gradcomp.rng import as_int32, seed_keys
 
+if TYPE_CHECKING:
+    from gradcomp.ops.fp_quant import RoundingPlan
+
 BLOCK = 1024
+
+
+@triton.jit
+def _round_magnitude(
+    magnitude,
+    random,
+    DISCARD: tl.constexpr,
+    TIE_OFFSET: tl.constexpr,
+    MIN_NORMAL_BITS: tl.constexpr,
+    MAGIC: tl.constexpr,
+    TO_Q0: tl.constexpr,
+    TO_Q1: tl.constexpr,
+    FROM_Q0: tl.constexpr,
+    FROM_Q1: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):
+    """Nearest or stochastic rounding of non-negative magnitudes to one plan's grid."""
+    magnitude_bits = magnitude.to(tl.int32, bitcast=True)
+    if DISCARD > 0:
+        if STOCHASTIC:
+            rounded_bits = magnitude_bits + (random >> (32 - DISCARD)).to(tl.int32)
+        else:
+            rounded_bits = (
+                magnitude_bits + ((1 << (DISCARD - 1)) - 1) + (((magnitude_bits >> DISCARD) + TIE_OFFSET) & 1)
+            )
+        rounded_bits = rounded_bits & -(1 << DISCARD)
+    else:
+        rounded_bits = magnitude_bits
+    rounded = rounded_bits.to(tl.float32, bitcast=True)
+
+    in_subnormal_range = magnitude_bits < MIN_NORMAL_BITS
+    tiny = tl.where(in_subnormal_range, magnitude, 0.0)  # keeps the unused lanes finite
+    if STOCHASTIC:
+        t = tiny * TO_Q0 * TO_Q1
+        whole = tl.floor(t)
+        up = uniform24(random) < (t - whole) * 16777216.0
+        small = (whole + up.to(tl.float32)) * FROM_Q0 * FROM_Q1
+    else:
+        small = (tiny + MAGIC) - MAGIC
+    return tl.where(in_subnormal_range, small, rounded)
+
+
+@triton.jit
+def _largest_grid_bits(
+    value,
+    DISCARD: tl.constexpr,
+    MIN_NORMAL_BITS: tl.constexpr,
+    TO_Q0: tl.constexpr,
+    TO_Q1: tl.constexpr,
+    FROM_Q0: tl.constexpr,
+    FROM_Q1: tl.constexpr,
+    FLOOR_BITS: tl.constexpr,
+    MAX_VALUE_BITS: tl.constexpr,
+):
+    """Bits of the largest grid value not above `value` (positive, at least 2^-126), at most max_value: the
+    torch path's `_round_down`."""
+    bits = value.to(tl.int32, bitcast=True)
+    if DISCARD > 0:
+        bits = bits & -(1 << DISCARD)
+    in_quanta = tl.floor(value * TO_Q0 * TO_Q1) * FROM_Q0 * FROM_Q1
+    bits = tl.where(
+        value.to(tl.int32, bitcast=True) < MIN_NORMAL_BITS, in_quanta.to(tl.int32, bitcast=True), bits
+    )
+    return tl.minimum(tl.maximum(bits, FLOOR_BITS), MAX_VALUE_BITS)
 
 
 @triton.jit
@@ -26,15 +97,28 @@ def _quantize_fp_kernel(
     k1,
     DISCARD: tl.constexpr,
     TIE_OFFSET: tl.constexpr,
-    MIN_NORMAL: tl.constexpr,
-    CLAMP: tl.constexpr,
-    MAX_VALUE: tl.constexpr,
-    OVERFLOW_TO_INF: tl.constexpr,
+    MIN_NORMAL_BITS: tl.constexpr,
     MAGIC: tl.constexpr,
     TO_Q0: tl.constexpr,
     TO_Q1: tl.constexpr,
     FROM_Q0: tl.constexpr,
     FROM_Q1: tl.constexpr,
+    BOUND_BITS: tl.constexpr,
+    NORMALISE: tl.constexpr,
+    N_BOUND: tl.constexpr,
+    N_MIN_NORMAL_BITS: tl.constexpr,
+    N_MAGIC: tl.constexpr,
+    N_TO_Q0: tl.constexpr,
+    N_TO_Q1: tl.constexpr,
+    N_FROM_Q0: tl.constexpr,
+    N_FROM_Q1: tl.constexpr,
+    MAX_VALUE_BITS: tl.constexpr,
+    OVERFLOWS: tl.constexpr,
+    OVERFLOW_VALUE: tl.constexpr,
+    FLOOR_BITS: tl.constexpr,
+    SIGNED: tl.constexpr,
+    NEGATIVE_ZERO: tl.constexpr,
+    OUT_MAX: tl.constexpr,
     STOCHASTIC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
@@ -42,58 +126,91 @@ def _quantize_fp_kernel(
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
     scale = tl.load(scale_ptr)
-    y = x * scale
-    y_bits = y.to(tl.int32, bitcast=True)
-    sign = y_bits & -2147483648
-    magnitude = tl.minimum((y_bits & 0x7FFFFFFF).to(tl.float32, bitcast=True), CLAMP)
-    magnitude_bits = magnitude.to(tl.int32, bitcast=True)
-
-    if STOCHASTIC:
-        random = random_uint32(offsets, k0, k1)
-    if DISCARD > 0:
-        if STOCHASTIC:
-            rounded_bits = magnitude_bits + (random >> (32 - DISCARD)).to(tl.int32)
-        else:
-            rounded_bits = (
-                magnitude_bits + ((1 << (DISCARD - 1)) - 1) + (((magnitude_bits >> DISCARD) + TIE_OFFSET) & 1)
-            )
-        rounded_bits = rounded_bits & -(1 << DISCARD)
-    else:
-        rounded_bits = magnitude_bits
+    magnitude_bits = tl.minimum(tl.abs(x * scale).to(tl.int32, bitcast=True), BOUND_BITS)  # NaN: the bound
+    if not OVERFLOWS:  # saturation stops at the largest grid value whose output x's dtype holds
+        limit = _largest_grid_bits(
+            scale * OUT_MAX,
+            DISCARD,
+            MIN_NORMAL_BITS,
+            TO_Q0,
+            TO_Q1,
+            FROM_Q0,
+            FROM_Q1,
+            FLOOR_BITS,
+            MAX_VALUE_BITS,
+        )
+        magnitude_bits = tl.minimum(magnitude_bits, limit)
+    magnitude = magnitude_bits.to(tl.float32, bitcast=True)
+    random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
+    rounded = _round_magnitude(
+        magnitude,
+        random,
+        DISCARD,
+        TIE_OFFSET,
+        MIN_NORMAL_BITS,
+        MAGIC,
+        TO_Q0,
+        TO_Q1,
+        FROM_Q0,
+        FROM_Q1,
+        STOCHASTIC,
+    )
+    if NORMALISE:  # below 2^-126: x * (scale * 2^24) against the grid times 2^24 (the N_ plan)
+        normalised_scale = tl.minimum(scale * 16777216.0, 3.4028234663852886e38)
+        normalised = tl.minimum(tl.abs(x * normalised_scale), N_BOUND)
+        rounded_up = _round_magnitude(
+            normalised,
+            random,
+            DISCARD,
+            TIE_OFFSET,
+            N_MIN_NORMAL_BITS,
+            N_MAGIC,
+            N_TO_Q0,
+            N_TO_Q1,
+            N_FROM_Q0,
+            N_FROM_Q1,
+            STOCHASTIC,
+        )
+        rounded = tl.where(magnitude < 1.1754943508222875e-38, rounded_up * 5.9604644775390625e-08, rounded)
+    rounded_bits = rounded.to(tl.int32, bitcast=True)
+    if FLOOR_BITS > 0:
+        rounded_bits = tl.maximum(rounded_bits, FLOOR_BITS)
     rounded = rounded_bits.to(tl.float32, bitcast=True)
-
-    in_subnormal_range = magnitude < MIN_NORMAL
-    tiny = tl.where(in_subnormal_range, magnitude, 0.0)  # keeps the unused lanes finite
-    if STOCHASTIC:
-        t = tiny * TO_Q0 * TO_Q1
-        whole = tl.floor(t)
-        up = uniform24(random) < (t - whole) * 16777216.0
-        small = (whole + up.to(tl.float32)) * FROM_Q0 * FROM_Q1
+    if OVERFLOWS:
+        rounded = tl.where(rounded_bits > MAX_VALUE_BITS, OVERFLOW_VALUE, rounded)
+    if SIGNED:  # x's sign: that of x * scale, and it survives underflow
+        sign = x.to(tl.int32, bitcast=True) & -2147483648
+        if not NEGATIVE_ZERO:
+            sign = tl.where(rounded == 0.0, 0, sign)
+        rounded = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     else:
-        small = (tiny + MAGIC) - MAGIC
-    rounded = tl.where(in_subnormal_range, small, rounded)
-    if OVERFLOW_TO_INF:
-        rounded = tl.where(rounded > MAX_VALUE, float("inf"), rounded)
-    rounded = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        rounded = tl.where(x < 0.0, float("nan"), rounded)
     out = rounded * tl.load(inv_scale_ptr)
+    if not OVERFLOWS:  # saturation: 1/scale is rounded, keep the outputs within x's dtype
+        out = tl.where(out > OUT_MAX, OUT_MAX, tl.where(out < -OUT_MAX, -OUT_MAX, out))
     finite = tl.abs(x) < float("inf")
     out = tl.where(finite, out, x)
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def quantize_fp_triton(
-    x: Tensor, plan, scale: Tensor, stochastic: bool, seed: int, block: int = BLOCK
+    x: Tensor,
+    plan: RoundingPlan,
+    scale: Tensor,
+    inverse_scale: Tensor,
+    stochastic: bool,
+    seed: int,
+    block: int = BLOCK,
 ) -> Tensor:
-    """Launch on a float16/bfloat16/float32 tensor; `plan` is the op's `RoundingPlan` for float32."""
+    """Launch on a float16/bfloat16/float32 tensor; `plan` is the op's `RoundingPlan` for float32, scale and
+    its inverse are 0-d float32 tensors on x's device (the op's)."""
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"quantize_fp kernel takes float16/bfloat16/float32, got {x.dtype}")
     x_flat = x.contiguous().view(-1)
     out = torch.empty_like(x_flat)
     k0, k1 = seed_keys(seed)
     n = x_flat.numel()
-    scale = scale.to(torch.float32)
-    # a bad scale turns every finite output into NaN through the inverse scale (no host check)
-    inverse_scale = torch.where((scale > 0) & torch.isfinite(scale), torch.reciprocal(scale), math.nan)
+    normalised = plan.normalised or plan  # the N_ constants are unused without it
     _quantize_fp_kernel[(triton.cdiv(n, block),)](
         x_flat,
         out,
@@ -104,17 +221,32 @@ def quantize_fp_triton(
         as_int32(k1),
         DISCARD=plan.discard_bits,
         TIE_OFFSET=plan.tie_offset,
-        MIN_NORMAL=plan.min_normal,
-        CLAMP=plan.clamp,
-        MAX_VALUE=plan.max_value,
-        OVERFLOW_TO_INF=plan.overflow_to_inf,
-        MAGIC=plan.magic,
-        TO_Q0=plan.to_quanta[0],
-        TO_Q1=plan.to_quanta[1],
-        FROM_Q0=plan.from_quanta[0],
-        FROM_Q1=plan.from_quanta[1],
+        **_rounding_constants(plan),
+        BOUND_BITS=plan.bound_bits,
+        NORMALISE=plan.normalised is not None,
+        N_BOUND=normalised.bound,
+        **{f"N_{key}": value for key, value in _rounding_constants(normalised).items()},
+        MAX_VALUE_BITS=plan.max_value_bits,
+        OVERFLOWS=plan.overflow_value is not None,
+        OVERFLOW_VALUE=plan.overflow_value or 0.0,
+        FLOOR_BITS=plan.floor_bits,
+        SIGNED=plan.signed,
+        NEGATIVE_ZERO=plan.negative_zero,
+        OUT_MAX=float(torch.finfo(x.dtype).max),
         STOCHASTIC=stochastic,
         BLOCK=block,
         enable_fp_fusion=False,
     )
     return out.view(x.shape)
+
+
+def _rounding_constants(plan: RoundingPlan) -> dict[str, float | int]:
+    """The constants of `_round_magnitude` that differ between a plan and its normalised plan."""
+    return {
+        "MIN_NORMAL_BITS": plan.min_normal_bits,
+        "MAGIC": plan.magic,
+        "TO_Q0": plan.to_quanta[0],
+        "TO_Q1": plan.to_quanta[1],
+        "FROM_Q0": plan.from_quanta[0],
+        "FROM_Q1": plan.from_quanta[1],
+    }

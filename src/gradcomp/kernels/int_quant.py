@@ -17,37 +17,46 @@ BLOCK_COLUMNS = 256
 
 @triton.jit
 def _stochastic_affine_kernel(
-    x_ptr, out_ptr, zero_ptr, scale_ptr, inv_scale_ptr, n, row_length, levels, k0, k1, BLOCK: tl.constexpr
+    x_ptr, out_ptr, params_ptr, n, row_length, n_rows, levels, k0, k1, BLOCK: tl.constexpr
 ):
+    """`AffineMap` of each row, its fields stacked in params (7, n_rows); the operations and their order
+    are those of the torch implementation (no fused multiply-adds), so the bits agree."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     row = offsets // row_length
+    pre = tl.load(params_ptr + row, mask=mask, other=1.0)
+    zero = tl.load(params_ptr + n_rows + row, mask=mask, other=0.0)
+    scale = tl.load(params_ptr + 2 * n_rows + row, mask=mask, other=1.0)
+    step = tl.load(params_ptr + 3 * n_rows + row, mask=mask, other=1.0)
+    post = tl.load(params_ptr + 4 * n_rows + row, mask=mask, other=1.0)
+    low = tl.load(params_ptr + 5 * n_rows + row, mask=mask, other=0.0)
+    high = tl.load(params_ptr + 6 * n_rows + row, mask=mask, other=0.0)
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0)
-    zero = tl.load(zero_ptr + row, mask=mask, other=0.0)
-    codes = (x - zero) * tl.load(scale_ptr + row, mask=mask, other=1.0)
+    codes = (x * pre - zero) * scale
     codes = tl.minimum(tl.maximum(codes, 0.0), levels)
     whole = tl.floor(codes)
     up = uniform24(random_uint32(offsets, k0, k1)) < (codes - whole) * 16777216.0
-    out = (whole + up.to(tl.float32)) * tl.load(inv_scale_ptr + row, mask=mask, other=1.0) + zero
+    out = ((whole + up.to(tl.float32)) * step + zero) * post
+    out = tl.minimum(tl.maximum(out, low, tl.PropagateNan.ALL), high, tl.PropagateNan.ALL)  # as torch.clamp
     tl.store(out_ptr + offsets, out, mask=mask)
 
 
 def stochastic_affine_triton(
-    rows: Tensor, zero: Tensor, scale: Tensor, inv_scale: Tensor, levels: int, seed: int, block: int = BLOCK
+    rows: Tensor, params: Tensor, levels: int, seed: int, block: int = BLOCK
 ) -> Tensor:
-    """float32 rows (R, D) and per-row float32 parameters (R,)."""
+    """float32 rows (R, D) and the stacked fields of their `AffineMap` (7, R), float32."""
     rows = rows.contiguous()
+    params = params.contiguous()
     out = torch.empty_like(rows)
     k0, k1 = seed_keys(seed)
     n = rows.numel()
     _stochastic_affine_kernel[(triton.cdiv(n, block),)](
         rows,
         out,
-        zero,
-        scale,
-        inv_scale,
+        params,
         n,
         rows.shape[1],
+        rows.shape[0],
         float(levels),
         as_int32(k0),
         as_int32(k1),

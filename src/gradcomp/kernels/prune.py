@@ -15,22 +15,23 @@ BLOCK = 1024
 
 @triton.jit
 def _stochastic_prune_kernel(x_ptr, out_ptr, alpha_ptr, keep_scale_ptr, n, k0, k1, BLOCK: tl.constexpr):
+    """The formula of the torch implementation, copysign(keep * max(|x|, alpha), x), NaN input kept as is
+    (a NaN alpha makes every other output NaN, as there)."""
     offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
     mask = offsets < n
     x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    alpha = tl.load(alpha_ptr)
     magnitude = tl.abs(x)
     keep = uniform24(random_uint32(offsets, k0, k1)) < magnitude * tl.load(keep_scale_ptr)
+    kept = keep.to(tl.float32) * tl.maximum(magnitude, tl.load(alpha_ptr), tl.PropagateNan.ALL)
     sign = x.to(tl.int32, bitcast=True) & -2147483648
-    promoted = (tl.where(keep, alpha, 0.0).to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    out = tl.where(magnitude < alpha, promoted, x)
+    out = tl.where(x != x, x, (kept.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True))
     tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
 
 
 def stochastic_prune_triton(
     x: Tensor, alpha: Tensor, keep_scale: Tensor, seed: int, block: int = BLOCK
 ) -> Tensor:
-    """alpha and keep_scale = 2^24 / alpha are float32 0-d tensors on x's device."""
+    """alpha and keep_scale = 2^24 / alpha (rounded up) are float32 0-d tensors on x's device."""
     x_flat = x.contiguous().view(-1)
     out = torch.empty_like(x_flat)
     k0, k1 = seed_keys(seed)

@@ -5,8 +5,14 @@ Rounding works in float32 (float64 for float64 inputs) and is exact:
   pattern (carries into the exponent are correct by construction); the torch path gets the same nearest
   rounding from the FPU by adding and subtracting 2^(e - M + mantissa bits of the compute type), a constant
   built per element from its exponent e; stochastic rounding adds random bits below the kept mantissa;
+* float32 has no full mantissa below 2^-126, and x * scale can be rounded there before the format sees it:
+  for formats with grid points below 2^-125 (E = 8, or a bias above 120) such elements are rounded on
+  x * (scale * 2^24) against the grid scaled by 2^24 (exact products for a power-of-two scale; 2^24 keeps
+  the exponent field's parity, which the ties of M = 0 read), and the result scaled back (exact);
 * ties of nearest rounding go to the neighbour whose code (exponent and mantissa fields read as one
-  integer) is even, i.e. an even mantissa, or an even exponent field when M = 0, as in IEEE 754;
+  integer) is even, i.e. an even mantissa, or an even exponent field when M = 0, as if the exponent range
+  were unbounded (IEEE 754's roundTiesToEven); a result above max_value then overflows. The ml_dtypes and
+  torch casts to float8_e8m0fnu (M = 0) round its ties up instead;
 * below the smallest normal the grid is uniform with quantum 2^qe; nearest rounding adds and subtracts
   2^(qe + mantissa bits of the compute type) (one IEEE rounding, so ties go to even), and stochastic rounding
   compares the exact fraction with 24 random bits.
@@ -17,11 +23,13 @@ quantum per element, as for the other stochastic ops.
 
 from __future__ import annotations
 
+import functools
 import math
+import struct
 from dataclasses import dataclass
-from functools import partial
 from typing import Literal
 
+import numpy as np
 import torch
 from torch import Tensor
 
@@ -31,6 +39,8 @@ from gradcomp.ops._chunked import map_chunks
 from gradcomp.rng import random_bits, resolve_seed, uniform24
 
 Rounding = Literal["nearest", "stochastic"]
+FLOAT32_MIN_NORMAL = 2.0**-126
+NORMALISE_EXP = 24  # 2^24 takes float32 magnitudes below 2^-126 into the normal range (an even exponent)
 
 
 def _split_pow2(exponent: int) -> tuple[float, float]:
@@ -42,17 +52,31 @@ def _split_pow2(exponent: int) -> tuple[float, float]:
     return 2.0**first, 2.0 ** (exponent - first)
 
 
+def float_bits(value: float, layout: FloatLayout) -> int:
+    """Bit pattern of `value` in the compute type (subnormal values included)."""
+    float_code, int_code = ("<f", "<i") if layout.float_dtype == torch.float32 else ("<d", "<q")
+    return struct.unpack(int_code, struct.pack(float_code, value))[0]
+
+
 @dataclass(frozen=True)
 class RoundingPlan:
-    """Everything the torch path and the kernel need to round to `fmt` in `layout` (shared so they agree)."""
+    """Everything the torch path and the kernel need to round to `fmt` in `layout` (shared so they agree).
+
+    Values that may be float32 subnormals also come as bit patterns: the kernel compares those on the bits,
+    because Triton makes a float constant below 2^-126 a float64."""
 
     discard_bits: int  # low mantissa bits dropped in the normal range
     tie_offset: int  # added to the kept LSB so that ties go to the even code of the target format
     min_normal: float
     min_normal_bits: int
-    clamp: float  # magnitudes are clamped here before rounding
+    bound: float  # magnitudes are clamped here before rounding (saturation: the dtype may lower it)
+    bound_bits: int
     max_value: float
-    overflow_to_inf: bool
+    max_value_bits: int
+    overflow_value: float | None  # results above max_value become this (Inf or NaN); None: saturation
+    floor_bits: int  # smaller results become this: the smallest value of a format without zero (else 0)
+    signed: bool
+    negative_zero: bool  # False: a zero result is +0 (the format has no -0 code)
     magic: float  # 2^(qe + mantissa bits): nearest rounding to the uniform grid below min_normal
     # nearest rounding with a per-element magic constant (formats with subnormals, M >= 1, and room above
     # the top binade): the constant's bits are max(|y| bits, min_normal bits) & exponent mask + magic_offset
@@ -61,30 +85,48 @@ class RoundingPlan:
     exponent_mask: int
     to_quanta: tuple[float, float]  # multiply by both: x / 2^qe
     from_quanta: tuple[float, float]  # multiply by both: n * 2^qe
+    # the plan for magnitudes below 2^-126 in float32, taken times 2^NORMALISE_EXP (formats with grid points
+    # below 2^-125: their rounding needs the mantissa bits float32 drops there); None when not needed
+    normalised: RoundingPlan | None
 
     @classmethod
-    def build(cls, fmt: FPFormat, layout: FloatLayout) -> RoundingPlan:
-        quantum_exp = fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin
+    @functools.lru_cache(maxsize=256)
+    def build(cls, fmt: FPFormat, layout: FloatLayout, shift: int = 0) -> RoundingPlan:
+        """The plan for `fmt` in `layout`; for magnitudes 2^shift times larger (the grid times 2^shift) where
+        shift is given: only the fields of the rounding itself then change."""
+        quantum_exp = (fmt.emin - fmt.man_bits if fmt.subnormals else fmt.emin) + shift
+        min_normal = 2.0 ** (fmt.emin + shift)
         float_max = float(torch.finfo(layout.float_dtype).max)
+        overflow_value = {"saturate": None, "inf": math.inf, "nan": math.nan}[fmt.overflow]
+        # beyond the bound everything rounds to max_value (saturate) or overflows
+        bound = min(
+            (fmt.max_value if overflow_value is None else 2.0 ** (fmt.emax + 1)) * 2.0**shift, float_max
+        )
+        normalise = shift == 0 and layout.float_dtype == torch.float32 and fmt.min_subnormal < 2.0**-125
         return cls(
             discard_bits=layout.man_bits - fmt.man_bits,
             # with M = 0 the kept LSB is the exponent field's; the compute type's bias is odd, so the target
             # field's parity differs from it by bias + 1
             tie_offset=(fmt.bias + 1) % 2 if fmt.man_bits == 0 else 0,
-            min_normal=fmt.min_normal,
-            min_normal_bits=layout.pow2_bits(fmt.emin),
-            # beyond the clamp everything rounds to max_value (saturate) or overflows (inf)
-            clamp=fmt.max_value if fmt.overflow == "saturate" else min(2.0 ** (fmt.emax + 1), float_max),
+            min_normal=min_normal,
+            min_normal_bits=float_bits(min_normal, layout),
+            bound=bound,
+            bound_bits=float_bits(bound, layout),
             max_value=fmt.max_value,
-            overflow_to_inf=fmt.overflow == "inf",
+            max_value_bits=float_bits(fmt.max_value, layout),
+            overflow_value=overflow_value,
+            floor_bits=0 if fmt.zero else float_bits(fmt.min_normal, layout),
+            signed=fmt.signed,
+            negative_zero=fmt.signed and fmt.reserved != "neg_zero",
             magic=2.0 ** (quantum_exp + layout.man_bits),
             per_element_magic=fmt.subnormals
             and fmt.man_bits >= 1
-            and fmt.emax + 1 + layout.man_bits - fmt.man_bits < layout.exp_bias,
+            and fmt.emax + shift + 1 + layout.man_bits - fmt.man_bits < layout.exp_bias,
             magic_offset=(layout.man_bits - fmt.man_bits) << layout.man_bits,
             exponent_mask=layout.abs_mask & -(1 << layout.man_bits),
             to_quanta=_split_pow2(-quantum_exp),
             from_quanta=_split_pow2(quantum_exp),
+            normalised=cls.build(fmt, layout, NORMALISE_EXP) if normalise else None,
         )
 
 
@@ -100,59 +142,142 @@ def quantize_fp(
 
     rounding: "nearest" (ties to even) or "stochastic" (unbiased; random bits from (seed, element index),
     a fresh seed from torch's generator when seed is None).
-    scale: a positive finite float or 0-d tensor; powers of two keep the scaling exact. A tensor scale that
-    is not positive and finite makes every finite input's output NaN (the kernel does not check it on the
-    host, to avoid a sync).
-    Non-finite inputs pass through unchanged (NaN stays NaN, +-Inf stays +-Inf); finite values beyond the
-    format's range give +-max_value (overflow="saturate") or +-Inf (overflow="inf"). The result is computed
-    in float32 (float64 for float64 input) and rounded once more to x's dtype.
+    scale: a positive number that is finite, with a finite reciprocal, in the compute type (float32; float64
+    for float64 input), else ValueError; or a one-element tensor. Powers of two keep the scaling exact. A
+    tensor scale that is not positive and finite in the compute type, or whose reciprocal overflows there,
+    makes every finite input's output NaN (the kernel does not check it on the host, to avoid a sync).
+    Non-finite inputs pass through unchanged (NaN stays NaN, +-Inf stays +-Inf, whatever the format; a dtype
+    cast would give the format's NaN, Inf or max instead). Finite values beyond the format's range give
+    +-max_value (overflow="saturate"), +-Inf ("inf") or NaN ("nan"). Saturation stops at the largest value of
+    the grid whose output x's dtype holds (for float16, 57344 rather than FPFormat(5, 2)'s 114688), so finite
+    inputs give finite outputs; with "inf" or "nan", a grid value beyond x's dtype becomes Inf in the final
+    rounding to it. Formats without -0 (reserved="neg_zero") give +0 for zero results; unsigned formats give
+    NaN for negative inputs and +0 (or their smallest value, without zero) for -0. The result is computed in
+    float32 (float64 for float64 input) and rounded once more to x's dtype. Not differentiable: x is detached
+    and the result does not require grad.
     """
-    check_float(x, "quantize_fp")
+    x = check_float(x, "quantize_fp")
     fmt = parse_format(fmt)
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
-    if not isinstance(scale, Tensor):
-        if not (math.isfinite(scale) and scale > 0):
-            raise ValueError(f"scale must be positive and finite, got {scale}")
-    elif scale.numel() != 1:
-        raise ValueError(f"scale must be a number or a one-element tensor, got shape {tuple(scale.shape)}")
     layout = compute_layout(x.dtype)
-    scale_t = torch.as_tensor(scale, dtype=layout.float_dtype, device=x.device).reshape(())
+    if isinstance(scale, Tensor):
+        if scale.numel() != 1:
+            raise ValueError(
+                f"scale must be a number or a one-element tensor, got shape {tuple(scale.shape)}"
+            )
+        inverse = None
+    elif isinstance(scale, bool) or not isinstance(scale, int | float):
+        raise TypeError(f"scale must be a float or a one-element tensor, got {type(scale).__name__}")
+    else:
+        inverse = _checked_inverse(scale, layout, x.dtype)
     seed = resolve_seed(seed) if rounding == "stochastic" else 0
     plan = RoundingPlan.build(fmt, layout)
     if x.numel() == 0:
         return x.clone()
+    scale_t, inverse_scale = _scale_tensors(scale, inverse, layout, x.device)
     if use_triton(x, backend):
         from gradcomp.kernels.fp_quant import quantize_fp_triton
 
-        return quantize_fp_triton(x, plan, scale_t, rounding == "stochastic", seed)
-    return _quantize_fp_torch(x, plan, layout, scale_t, rounding == "stochastic", seed)
+        return quantize_fp_triton(x, plan, scale_t, inverse_scale, rounding == "stochastic", seed)
+    bound = _magnitude_bound(scale, scale_t, plan, layout, x.dtype)
+    return _quantize_fp_torch(x, plan, layout, scale_t, inverse_scale, bound, rounding == "stochastic", seed)
+
+
+def _checked_inverse(scale: float, layout: FloatLayout, dtype: torch.dtype) -> float:
+    """1/scale in the compute type, where scale and 1/scale must be positive and finite."""
+    number = np.float32 if layout.float_dtype == torch.float32 else np.float64
+    with np.errstate(over="ignore", divide="ignore"):
+        value = number(scale)
+        inverse = number(1) / value
+    if not (value > 0 and np.isfinite(value) and np.isfinite(inverse)):
+        raise ValueError(
+            f"scale must be positive, and it and 1/scale finite in {layout.float_dtype} (what quantize_fp "
+            f"computes in for {dtype} input), got {scale}"
+        )
+    return float(inverse)
+
+
+def _scale_tensors(
+    scale: float | Tensor, inverse: float | None, layout: FloatLayout, device: torch.device
+) -> tuple[Tensor, Tensor]:
+    """scale and 1/scale as 0-d tensors of the compute type; `inverse` is 1/scale computed on the host for
+    a number, None for a tensor scale. A tensor scale that is not positive and finite, or whose reciprocal
+    overflows, gets a NaN inverse (NaN outputs) rather than a host check (a sync)."""
+    if inverse is not None:
+        values = torch.tensor([scale, inverse], dtype=layout.float_dtype, device=device)
+        return values[0], values[1]
+    scale_t = torch.as_tensor(scale, dtype=layout.float_dtype, device=device).reshape(())
+    inverse_t = torch.reciprocal(scale_t)
+    ok = (scale_t > 0) & torch.isfinite(scale_t) & torch.isfinite(inverse_t)
+    return scale_t, torch.where(ok, inverse_t, math.nan)
+
+
+def _magnitude_bound(
+    scale: float | Tensor, scale_t: Tensor, plan: RoundingPlan, layout: FloatLayout, dtype: torch.dtype
+) -> Tensor | float:
+    """Where |x * scale| is clamped before rounding: the plan's bound, lowered for saturating formats to the
+    largest grid value whose output x's dtype holds (the kernel computes the same from the scale)."""
+    out_max = float(torch.finfo(dtype).max)
+    if plan.overflow_value is not None:
+        return plan.bound
+    if not isinstance(scale, Tensor):  # the product in the compute type, as on the device, but on the host
+        number = np.float32 if layout.float_dtype == torch.float32 else np.float64
+        with np.errstate(over="ignore"):
+            if number(scale) * number(out_max) >= plan.max_value:
+                return plan.bound
+    return _round_down(scale_t * out_max, plan, layout)
+
+
+def _round_down(value: Tensor, plan: RoundingPlan, layout: FloatLayout) -> Tensor:
+    """The largest grid value not above `value` (positive, at least 2^-126), capped at max_value."""
+    bits = value.view(layout.int_dtype)
+    if plan.discard_bits > 0:
+        bits = bits & -(1 << plan.discard_bits)
+    in_quanta = torch.floor(_times(value, plan.to_quanta))
+    rounded = torch.where(
+        value < plan.min_normal, _times(in_quanta, plan.from_quanta), bits.view(value.dtype)
+    )
+    if plan.floor_bits:
+        rounded = torch.clamp_min(rounded, plan.min_normal)
+    return torch.clamp_max(rounded, plan.max_value)
 
 
 def _quantize_fp_torch(
-    x: Tensor, plan: RoundingPlan, layout: FloatLayout, scale: Tensor, stochastic: bool, seed: int
+    x: Tensor,
+    plan: RoundingPlan,
+    layout: FloatLayout,
+    scale: Tensor,
+    inverse_scale: Tensor,
+    bound: Tensor | float,
+    stochastic: bool,
+    seed: int,
 ) -> Tensor:
-    scale_ok = (scale > 0) & torch.isfinite(scale)
-    # a bad tensor scale turns every finite output into NaN through the inverse scale
-    inverse_scale = torch.where(scale_ok, torch.reciprocal(scale), math.nan)
     unit_scale = bool(scale == 1)  # a host sync, harmless for this path (CPU tensors, or forced "torch")
-    if stochastic:
-        round_magnitude = partial(_round_stochastic, plan=plan, layout=layout, seed=seed)
-    elif plan.per_element_magic:
-        round_magnitude = partial(_round_nearest_magic, plan=plan, layout=layout)
-    else:
-        round_magnitude = partial(_round_nearest_bits, plan=plan, layout=layout)
+    out_max = float(torch.finfo(x.dtype).max)
+    if plan.normalised is not None:  # capped, so that x = 0 gives 0 rather than NaN for a huge scale
+        normalised_scale = torch.clamp_max(scale * 2.0**NORMALISE_EXP, torch.finfo(layout.float_dtype).max)
 
     def quantize_chunk(chunk: Tensor, offset: int) -> Tensor:
         values = chunk.to(layout.float_dtype)
         scaled = values if unit_scale else values * scale
-        magnitude = torch.clamp(scaled.abs(), max=plan.clamp)
-        rounded = round_magnitude(magnitude, offset)
-        if plan.overflow_to_inf:
-            rounded.masked_fill_(rounded > plan.max_value, math.inf)
-        out = torch.copysign(rounded, scaled)
+        magnitude = torch.clamp(scaled.abs(), max=bound)
+        random = random_bits(seed, chunk.numel(), chunk.device, offset) if stochastic else None
+        rounded = _round(magnitude, random, plan, layout)
+        below = magnitude < FLOAT32_MIN_NORMAL if plan.normalised is not None else None
+        if below is not None and below.any():  # x * scale was rounded to fewer bits: round x * scale * 2^24
+            normalised = torch.clamp_max((values * normalised_scale).abs(), plan.normalised.bound)
+            rounded_up = _round(normalised, random, plan.normalised, layout)
+            rounded = torch.where(below, rounded_up * 2.0**-NORMALISE_EXP, rounded)
+        if plan.floor_bits:
+            rounded = torch.clamp_min(rounded, plan.min_normal)
+        if plan.overflow_value is not None:
+            rounded.masked_fill_(rounded > plan.max_value, plan.overflow_value)
+        out = _apply_sign(rounded, values, plan)
         if not unit_scale:
             out *= inverse_scale
+            if plan.overflow_value is None:  # 1/scale is rounded: keep saturated outputs finite
+                out.clamp_(-out_max, out_max)
         if torch.isfinite(values.sum()):  # one cheap reduction spares the select in the common case
             return out
         return torch.where(torch.isfinite(values), out, values)
@@ -160,7 +285,25 @@ def _quantize_fp_torch(
     return map_chunks(x, quantize_chunk)
 
 
-def _round_nearest_magic(magnitude: Tensor, offset: int, plan: RoundingPlan, layout: FloatLayout) -> Tensor:
+def _apply_sign(rounded: Tensor, values: Tensor, plan: RoundingPlan) -> Tensor:
+    """x's sign (that of x * scale; it survives underflow) on the rounded magnitude, as far as the format
+    has codes for it."""
+    if not plan.signed:
+        return torch.where(values < 0, math.nan, rounded)
+    out = torch.copysign(rounded, values)
+    return out if plan.negative_zero else torch.where(rounded == 0, 0.0, out)
+
+
+def _round(magnitude: Tensor, random: Tensor | None, plan: RoundingPlan, layout: FloatLayout) -> Tensor:
+    """Stochastic rounding with these random bits, or nearest rounding when there are none."""
+    if random is not None:
+        return _round_stochastic(magnitude, random, plan, layout)
+    if plan.per_element_magic:
+        return _round_nearest_magic(magnitude, plan, layout)
+    return _round_nearest_bits(magnitude, plan, layout)
+
+
+def _round_nearest_magic(magnitude: Tensor, plan: RoundingPlan, layout: FloatLayout) -> Tensor:
     """Nearest rounding by the FPU: (a + C) - C with C = 2^(max(e, emin) - M + mantissa bits of a)."""
     magic_bits = torch.clamp_min(magnitude.view(layout.int_dtype), plan.min_normal_bits)
     magic_bits &= plan.exponent_mask
@@ -171,15 +314,13 @@ def _round_nearest_magic(magnitude: Tensor, offset: int, plan: RoundingPlan, lay
     return rounded
 
 
-def _round_nearest_bits(magnitude: Tensor, offset: int, plan: RoundingPlan, layout: FloatLayout) -> Tensor:
+def _round_nearest_bits(magnitude: Tensor, plan: RoundingPlan, layout: FloatLayout) -> Tensor:
     """Nearest rounding on the bit pattern (any format), with the uniform grid below min_normal."""
-    magnitude_bits = magnitude.view(layout.int_dtype)
     d = plan.discard_bits
-    rounded_bits = magnitude_bits + ((1 << (d - 1)) - 1 if d > 0 else 0)
+    bits = magnitude.view(layout.int_dtype)
     if d > 0:
-        rounded_bits += ((magnitude_bits >> d) + plan.tie_offset) & 1
-        rounded_bits &= -(1 << d)
-    rounded = rounded_bits.view(layout.float_dtype)
+        bits = (bits + (1 << (d - 1)) - 1 + (((bits >> d) + plan.tie_offset) & 1)) & -(1 << d)
+    rounded = bits.view(layout.float_dtype)
     small = magnitude < plan.min_normal
     if small.any():
         tiny = torch.where(small, magnitude, 0.0)
@@ -187,16 +328,13 @@ def _round_nearest_bits(magnitude: Tensor, offset: int, plan: RoundingPlan, layo
     return rounded
 
 
-def _round_stochastic(
-    magnitude: Tensor, offset: int, plan: RoundingPlan, layout: FloatLayout, seed: int
-) -> Tensor:
+def _round_stochastic(magnitude: Tensor, random: Tensor, plan: RoundingPlan, layout: FloatLayout) -> Tensor:
     """Stochastic rounding: random bits added below the kept mantissa, exact fractions below min_normal."""
-    random = random_bits(seed, magnitude.numel(), magnitude.device, offset)
     d = plan.discard_bits
-    rounded_bits = magnitude.view(layout.int_dtype) + (_top_random_bits(random, d, layout) if d > 0 else 0)
+    bits = magnitude.view(layout.int_dtype)
     if d > 0:
-        rounded_bits &= -(1 << d)
-    rounded = rounded_bits.view(layout.float_dtype)
+        bits = (bits + _top_random_bits(random, d, layout)) & -(1 << d)
+    rounded = bits.view(layout.float_dtype)
     small = magnitude < plan.min_normal
     if small.any():  # the other lanes compute garbage (possibly inf/NaN) that where() discards
         rounded = torch.where(small, _stochastic_quanta(magnitude, random, plan), rounded)

@@ -7,8 +7,12 @@ affinely onto the integer codes 0..B (B = 2^bits - 1), rounds stochastically and
 * "bhq": PSQ applied after the block-Householder transform T (section 2.6), then T^-1. T is built from the
   row ranges and applied structurally: per-row scaling plus one reflection y = z - 2 v (v^T z) per block,
   O(N*D) work, never a dense N x N matrix, and no host sync.
-PTQ and PSQ reproduce a group whose range is 0 exactly (BHQ mixes rows: only all zeros stay exact).
-An element sharing its scale with a NaN or Inf comes out NaN
+Outputs of PTQ and PSQ lie on their group's grid within its [min, max]. The min maps to code 0 and comes
+back exactly, so a group of values >= 0 (e.g. after a ReLU) keeps its zeros exact, as does a constant group;
+in a group with negative values a zero lies between two codes and is rounded to one of them (unbiased, but
+rarely exactly 0): the map stays the framework's affine min-max map, whose estimator a grid through 0
+would change. BHQ mixes rows: only an all-zero tensor stays exact, and outputs beyond the dtype's range
+saturate at its largest finite value. An element sharing its scale with a NaN or Inf comes out NaN
 (PTQ: the whole tensor, PSQ: the row, BHQ: the whole tensor, since the transform mixes rows).
 """
 
@@ -16,7 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, NamedTuple
 
 import torch
 from torch import Tensor
@@ -33,9 +37,11 @@ RANGE_EPS = 1e-8
 def quantize_int(
     x: Tensor, bits: int, scheme: Scheme = "ptq", seed: int | None = None, backend: Backend = "auto"
 ) -> Tensor:
-    """Stochastic-rounding b-bit quantize/dequantize of x (unbiased: E[out] = x up to float32 rounding)."""
-    check_float(x, "quantize_int")
-    if not isinstance(bits, int) or not 1 <= bits <= 16:
+    """Stochastic-rounding b-bit quantize/dequantize of x: unbiased (E[out] = x up to the rounding of the
+    compute dtype, float32 or float64) for finite groups of any magnitude. Not differentiable: x is
+    detached and the result does not require grad."""
+    x = check_float(x, "quantize_int")
+    if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 16:
         raise ValueError(f"bits must be an integer in [1, 16], got {bits!r}")
     if scheme not in ("ptq", "psq", "bhq"):
         raise ValueError(f"scheme must be 'ptq', 'psq' or 'bhq', got {scheme!r}")
@@ -49,34 +55,78 @@ def quantize_int(
         out = _quantize_rows(rows.reshape(1, -1), levels, seed, triton).view(rows.shape)
     elif scheme == "psq":
         out = _quantize_rows(rows, levels, seed, triton)
-    else:
-        out = _block_householder_quantize(rows, levels, seed, triton)
+    else:  # the transform's noise can carry a value near the dtype's limit past it: saturate there, not Inf
+        largest = torch.finfo(x.dtype).max
+        out = _block_householder_quantize(rows, levels, seed, triton).clamp_(-largest, largest)
     return out.view(x.shape).to(x.dtype)
 
 
-def _affine_params(rows: Tensor, levels: int) -> tuple[Tensor, Tensor, Tensor]:
-    """Per-row (zero, scale, inv_scale) mapping [min, max] onto [0, levels]; a constant row gets scale 1."""
-    low, high = torch.aminmax(rows, dim=1)
-    spread = high - low
-    flat = spread == 0
-    scale = torch.where(flat, 1.0, levels / spread)
-    inv_scale = torch.where(flat, 1.0, spread / levels)
-    zero = torch.where(torch.isfinite(spread), low, math.nan)  # a non-finite row comes out NaN
-    return zero, scale, inv_scale
+class AffineMap(NamedTuple):
+    """Per-row parameters of the stochastic affine quantizer, each (R,) in the compute dtype.
+
+    With y = x * pre: codes = (y - zero) * scale clamped to [0, levels], rounded stochastically to q, and
+    out = (q * step + zero) * post clamped to [low, high]. pre = 2^k and post = 2^-k bring the group's
+    largest magnitude to about 1, so that neither its range nor levels / range overflows or loses precision
+    whatever its magnitude (a float32 group of 1e-40 or of 3e38 alike). Powers of two because scaling by
+    them is exact (short of subnormals) and costs one multiplication each way: where the plain map worked
+    the results are the same, and no wider dtype is needed (there is none for float64, and float64
+    arithmetic is slow on most GPUs). The final clamp keeps the rounding of the last operations (and an
+    overflow of the top code) inside the group's range; 0 comes out as +0.0. A group with NaN or Inf has
+    NaN zero, low and high, so all of it comes out NaN.
+    """
+
+    pre: Tensor
+    zero: Tensor
+    scale: Tensor
+    step: Tensor
+    post: Tensor
+    low: Tensor
+    high: Tensor
+
+    @classmethod
+    def of_rows(cls, rows: Tensor, levels: int) -> AffineMap:
+        """The map of each row's [min, max] onto [0, levels]; a constant row gets scale and step 1."""
+        low, high = torch.aminmax(rows, dim=1)
+        pre, post = _power_of_two_rescaling(torch.maximum(-low, high))
+        zero = low * pre
+        spread = high * pre - zero
+        flat = spread == 0
+        finite = torch.isfinite(spread)
+        # + 0.0 turns -0.0 into 0.0: clamping to a signed zero would give either zero, by implementation
+        zero, low, high = (torch.where(finite, value, math.nan) for value in (zero, low + 0.0, high + 0.0))
+        scale = torch.where(flat, 1.0, levels / spread)
+        step = torch.where(flat, 1.0, spread / levels)
+        return cls(pre, zero, scale, step, post, low, high)
+
+
+def _power_of_two_rescaling(magnitude: Tensor) -> tuple[Tensor, Tensor]:
+    """(2^k, 2^-k) with 2^k * magnitude in [0.5, 1) (frexp), k limited to where both factors are normal
+    numbers of the compute dtype (then 2^k * magnitude stays within [2^-mantissa_bits, 4)). Built from the
+    exponent bits, since torch.ldexp would compute 2^k in float32."""
+    layout = compute_layout(magnitude.dtype)
+    limit = layout.exp_bias - 1
+    k = torch.frexp(magnitude).exponent.neg_().clamp_(-limit, limit).to(layout.int_dtype)
+
+    def power_of_two(exponent: Tensor) -> Tensor:
+        return ((exponent + layout.exp_bias) << layout.man_bits).view(layout.float_dtype)
+
+    return power_of_two(k), power_of_two(-k)
 
 
 def _quantize_rows(rows: Tensor, levels: int, seed: int, triton: bool) -> Tensor:
     """Per-row stochastic affine quantization (PSQ; PTQ is the one-row case)."""
-    zero, scale, inv_scale = _affine_params(rows, levels)
+    affine = AffineMap.of_rows(rows, levels)
     if triton:
         from gradcomp.kernels.int_quant import stochastic_affine_triton
 
-        return stochastic_affine_triton(rows, zero, scale, inv_scale, levels, seed)
-    codes = ((rows - zero[:, None]) * scale[:, None]).clamp_(0, levels)
+        return stochastic_affine_triton(rows, torch.stack(affine), levels, seed)
+    pre, zero, scale, step, post, low, high = (value[:, None] for value in affine)
+    codes = (rows * pre).sub_(zero).mul_(scale).clamp_(0, levels)
     whole = torch.floor(codes)
     random = uniform24(random_bits(seed, rows.numel(), rows.device)).view(rows.shape).to(rows.dtype)  # exact
-    up = torch.lt(random, (codes - whole) * 2.0**24, out=random)  # 0.0 / 1.0: bool tensors are slow on CPUs
-    return (whole + up) * inv_scale[:, None] + zero[:, None]
+    # 0.0 / 1.0: bool tensors are slow on CPUs
+    up = torch.lt(random, codes.sub_(whole).mul_(2.0**24), out=random)
+    return whole.add_(up).mul_(step).add_(zero).mul_(post).clamp_(low, high)
 
 
 @dataclass(frozen=True)
@@ -160,7 +210,11 @@ def _block_householder_quantize(rows: Tensor, levels: int, seed: int, triton: bo
     if rows.shape[0] < 2:
         return _quantize_rows(rows, levels, seed, triton)
     low, high = torch.aminmax(rows, dim=1)
-    transform = BlockHouseholder.from_ranges(high - low)
+    # T mixes rows, so the exact power-of-two rescaling of AffineMap is applied to the whole tensor (T is
+    # scale-free: its row scalings are ratios of ranges); then no range overflows and T's values stay near 1
+    pre, post = _power_of_two_rescaling(torch.maximum(-low, high).max())
+    rows = rows * pre
+    transform = BlockHouseholder.from_ranges(high * pre - low * pre)
     inverse_scale = torch.reciprocal(transform.scale)
     if triton:
         from gradcomp.kernels.int_quant import householder_triton
@@ -173,4 +227,4 @@ def _block_householder_quantize(rows: Tensor, levels: int, seed: int, triton: bo
         quantized = _quantize_rows(transformed, levels, seed, triton)
         out = transform.reflect(quantized) * inverse_scale[:, None]
     finite = torch.isfinite(low).all() & torch.isfinite(high).all()
-    return torch.where(finite, out, math.nan)
+    return torch.where(finite, out.mul_(post), math.nan)

@@ -2,12 +2,15 @@
 
 `lognormal_threshold` is the method of the lognormal paper (one fused reduction, a closed-form inverse
 solved on device); the Gaussian- and Laplace-prior thresholds and the exact sort-based threshold are the
-baselines it is compared with.
+baselines it is compared with. Thresholds are 0-d tensors of the compute dtype on x's device, finite and
+at most x's largest finite value. Like every op of `gradcomp.ops` these are not differentiable: they compute
+on x.detach() and return tensors that do not require grad.
 """
 
 from __future__ import annotations
 
 import math
+import numbers
 
 import torch
 from torch import Tensor
@@ -24,20 +27,19 @@ def stochastic_prune(
 ) -> Tensor:
     """|x| >= alpha unchanged; |x| < alpha becomes sign(x)*alpha with probability |x|/alpha, else 0.
 
-    Unbiased (E[out] = x): alpha is first rounded to x's dtype so that the promoted values are exactly
-    representable, and the keep decision compares |x| * 2^24/alpha with 24 random bits (float32 precision).
-    alpha must be finite and >= 0 (a Python number is checked; alpha = 0 prunes nothing) and, for that
-    precision, at least 2^24 / (largest float32), about 1e-31 (below it every small value is promoted).
-    Exact zeros stay zero; NaN and +-Inf pass through. Random bits come from (seed, element index).
+    Unbiased (E[out] = x) for any alpha: alpha is rounded once to x's dtype, so that the promoted values are
+    exactly representable, and carried in the compute dtype (float32, float64 for float64 x); the keep
+    decision compares |x| * 2^24/alpha with 24 random bits. So a non-zero alpha must be at least
+    2^24 / (largest compute-dtype value), about 4.9e-32 (9.3e-301 for float64), below which 2^24/alpha
+    overflows, and at most x's largest finite value. A Python number is checked against these bounds
+    (ValueError; alpha = 0 prunes nothing). A tensor alpha (typically a threshold computed on the device) is
+    not read on the host; instead, above x's largest finite value (Inf included) it acts as that value and
+    below the lower bound as 0: the result stays unbiased, only less sparse. A NaN or negative tensor alpha
+    makes the output NaN. Exact zeros stay zero; NaN and +-Inf pass through. Random bits come from
+    (seed, element index). Not differentiable: x is detached and the result does not require grad.
     """
-    check_float(x, "stochastic_prune")
-    if not isinstance(alpha, Tensor):
-        if not (math.isfinite(alpha) and alpha >= 0):
-            raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
-    elif alpha.numel() != 1:
-        raise ValueError(f"alpha must be a number or a one-element tensor, got shape {tuple(alpha.shape)}")
-    layout = compute_layout(x.dtype)
-    alpha_t = torch.as_tensor(alpha, device=x.device).reshape(()).to(x.dtype).to(layout.float_dtype)
+    x = check_float(x, "stochastic_prune")
+    alpha_t = _alpha_in_compute_dtype(alpha, x)
     # rounded up, so that |x| >= alpha gives |x| * keep_scale >= 2^24 > every 24-bit draw: kept as is
     keep_scale = torch.nextafter(2.0**24 / alpha_t, alpha_t.new_tensor(math.inf))
     seed = resolve_seed(seed)
@@ -49,12 +51,49 @@ def stochastic_prune(
         return stochastic_prune_triton(x, alpha_t, keep_scale, seed)
 
     def prune_chunk(chunk: Tensor, offset: int) -> Tensor:
-        out = _prune_chunk(chunk, alpha_t, keep_scale, *chunk_counter(seed, chunk.numel(), x.device, offset))
+        counter = chunk_counter(seed, chunk.numel(), x.device, offset)
+        out = _prune_chunk(chunk, alpha_t, keep_scale, *counter).to(chunk.dtype)
         if not torch.isfinite(out.sum()):  # NaN comes out as some NaN: give back the input's bits
-            out = torch.where(torch.isnan(chunk), chunk.to(out.dtype), out)
+            out = torch.where(torch.isnan(chunk), chunk, out)
         return out
 
     return map_chunks(x, prune_chunk)
+
+
+def _alpha_in_compute_dtype(alpha: float | Tensor, x: Tensor) -> Tensor:
+    """alpha rounded to x's dtype, as a 0-d tensor of the compute dtype on x's device (see stochastic_prune
+    for the bounds: a number outside them raises, a tensor is brought inside them on the device)."""
+    layout = compute_layout(x.dtype)
+    largest = torch.finfo(x.dtype).max
+    smallest = 2.0**24 / torch.finfo(layout.float_dtype).max
+    if isinstance(alpha, Tensor):
+        if alpha.numel() != 1:
+            raise ValueError(
+                f"alpha must be a number or a one-element tensor, got shape {tuple(alpha.shape)}"
+            )
+        value = alpha.detach().reshape(()).to(x.device, torch.promote_types(alpha.dtype, layout.float_dtype))
+        value = value.clamp(max=largest).to(x.dtype).to(layout.float_dtype)
+        return torch.where(value >= smallest, value, torch.where(value >= 0, 0.0, math.nan))
+    if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
+        raise TypeError(f"alpha must be a real number or a one-element tensor, got {type(alpha).__name__}")
+    try:
+        number = float(alpha)
+    except OverflowError:
+        raise ValueError("alpha must be finite and >= 0, got an integer beyond the float64 range") from None
+    if not (math.isfinite(number) and number >= 0):
+        raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
+    value = torch.tensor(number, dtype=torch.float64).to(x.dtype)  # the one rounding (none for float64)
+    if torch.isinf(value):
+        raise ValueError(
+            f"alpha={alpha} exceeds the largest {x.dtype} value {largest:.6g}, so the pruned values "
+            "sign(x)*alpha cannot be represented"
+        )
+    if 0 < value < smallest:
+        raise ValueError(
+            f"alpha={alpha} is below 2^24 / (largest {layout.float_dtype} value) = {smallest:.3g}, the "
+            "smallest alpha whose keep probabilities |x|/alpha the 24-bit decisions resolve; 0 prunes nothing"
+        )
+    return value.to(x.device, layout.float_dtype)
 
 
 @CpuCompiled
@@ -87,9 +126,14 @@ def _check_sparsity(sparsity: float) -> None:
 
 
 def _finish(alpha: Tensor, target: Tensor, x: Tensor) -> Tensor:
-    """0 (no pruning) where nothing needs pruning; the op's compute dtype on x's device."""
-    alpha = torch.where((target > 0) & torch.isfinite(alpha), alpha, 0.0)
-    return alpha.to(compute_layout(x.dtype).float_dtype)
+    """0 (no pruning) where nothing needs pruning; see `_usable_threshold`."""
+    return _usable_threshold(torch.where((target > 0) & torch.isfinite(alpha), alpha, 0.0), x)
+
+
+def _usable_threshold(alpha: Tensor, x: Tensor) -> Tensor:
+    """alpha in the compute dtype of stochastic_prune on x, at most x's largest finite value (a larger
+    threshold prunes as that one does)."""
+    return alpha.clamp(max=torch.finfo(x.dtype).max).to(compute_layout(x.dtype).float_dtype)
 
 
 def lognormal_threshold(x: Tensor, sparsity: float, backend: Backend = "auto") -> Tensor:
@@ -98,11 +142,10 @@ def lognormal_threshold(x: Tensor, sparsity: float, backend: Backend = "auto") -
     Counts zeros already in x (ReLU zeros); fits (mu, sigma) of ln|x| from `log_moments` and inverts the
     closed-form lognormal sparsity on device: no sort, no host sync.
     """
-    check_float(x, "lognormal_threshold")
+    x = check_float(x, "lognormal_threshold")
     _check_sparsity(sparsity)
-    return lognormal_threshold_from_moments(log_moments(x, backend), x.numel(), sparsity).to(
-        compute_layout(x.dtype).float_dtype
-    )
+    alpha = lognormal_threshold_from_moments(log_moments(x, backend), x.numel(), sparsity)
+    return _usable_threshold(alpha, x)
 
 
 def lognormal_threshold_from_moments(moments: Tensor, numel: int | Tensor, sparsity: float) -> Tensor:
@@ -127,13 +170,16 @@ def _threshold_of_one_layer(moments: list[float], numel: int, sparsity: float) -
     mu, sigma = lognormal.fit_lognormal_float(moments)
     if not (math.isfinite(mu) and math.isfinite(sigma)):
         return 0.0
-    alpha = lognormal.normalized_threshold_float(sigma, min(max(target, 1e-12), 1 - 1e-9)) * math.exp(mu)
+    try:
+        alpha = lognormal.normalized_threshold_float(sigma, min(max(target, 1e-12), 1 - 1e-9)) * math.exp(mu)
+    except OverflowError:  # a threshold beyond float64 (huge sigma), Inf in the batched form
+        return 0.0
     return alpha if math.isfinite(alpha) else 0.0
 
 
 def _prunable(x: Tensor) -> tuple[Tensor, Tensor]:
     """(finite non-zero magnitudes in float64, the count of exact zeros)."""
-    magnitude = x.detach().to(torch.float64).abs().flatten()
+    magnitude = x.to(torch.float64).abs().flatten()
     values = magnitude[(magnitude > 0) & (magnitude < torch.inf)]
     return values, (magnitude == 0).sum(dtype=torch.float64)
 
@@ -141,7 +187,7 @@ def _prunable(x: Tensor) -> tuple[Tensor, Tensor]:
 def _prior_moment(x: Tensor, power: int) -> tuple[Tensor, Tensor, Tensor]:
     """(mean of |x|^power over the finite non-zeros, their count, the count of exact zeros), in float64
     without selecting the values (no host sync)."""
-    magnitude = x.detach().to(torch.float64).abs().flatten()
+    magnitude = x.to(torch.float64).abs().flatten()
     usable = magnitude.nan_to_num(nan=0.0, posinf=0.0)  # finite non-zeros keep their value, the rest 0
     count = torch.count_nonzero(usable).to(torch.float64)
     return usable.pow_(power).sum() / count, count, (magnitude == 0).sum(dtype=torch.float64)
@@ -149,7 +195,7 @@ def _prior_moment(x: Tensor, power: int) -> tuple[Tensor, Tensor, Tensor]:
 
 def gaussian_threshold(x: Tensor, sparsity: float) -> Tensor:
     """Baseline: threshold from a zero-mean Gaussian prior with s = RMS of the non-zeros (Ye et al. style)."""
-    check_float(x, "gaussian_threshold")
+    x = check_float(x, "gaussian_threshold")
     _check_sparsity(sparsity)
     mean_square, count, zeros = _prior_moment(x, 2)
     target = _prunable_target(x.numel(), count, zeros, sparsity)
@@ -159,7 +205,7 @@ def gaussian_threshold(x: Tensor, sparsity: float) -> Tensor:
 
 def laplace_threshold(x: Tensor, sparsity: float) -> Tensor:
     """Baseline: threshold from a Laplace prior, |g| ~ Exp(b) with b = mean of the non-zero |g|."""
-    check_float(x, "laplace_threshold")
+    x = check_float(x, "laplace_threshold")
     _check_sparsity(sparsity)
     b, count, zeros = _prior_moment(x, 1)
     target = _prunable_target(x.numel(), count, zeros, sparsity)
@@ -172,7 +218,7 @@ def topk_threshold(x: Tensor, sparsity: float) -> Tensor:
     With a_1 <= ... <= a_n the sorted non-zeros, the expected number of new zeros at alpha in (a_k, a_k+1]
     is k - (a_1 + ... + a_k)/alpha, continuous and increasing in alpha; it is solved exactly on that piece.
     """
-    check_float(x, "topk_threshold")
+    x = check_float(x, "topk_threshold")
     _check_sparsity(sparsity)
     values, zeros = _prunable(x)
     wanted = sparsity * x.numel() - zeros  # expected new zeros

@@ -17,7 +17,7 @@ def log_moments(x: Tensor, backend: Backend = "auto") -> Tensor:
     Zeros (e.g. from ReLU) are counted apart because ln 0 is undefined; NaN and +-Inf take part in neither
     count, so numel - count_nonzero - count_zero is the number of non-finite elements.
     """
-    check_float(x, "log_moments")
+    x = check_float(x, "log_moments")
     if x.numel() == 0:
         return torch.zeros(4, dtype=torch.float64, device=x.device)
     if use_triton(x, backend):

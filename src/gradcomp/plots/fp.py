@@ -19,7 +19,7 @@ from gradcomp.plots.style import (
     value,
 )
 
-STYLES = {"ideal": "-", "saturate": "--", "inf": ":"}
+STYLES = {"ideal": "-", "saturate": "--", "inf": ":", "fn": "-."}
 
 
 def _series(rows: list[dict], key: str, x: str, y: str) -> dict:
