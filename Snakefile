@@ -1,9 +1,10 @@
 # Regenerates every table and figure of the project: training runs (one job per run and seed) -> each
-# experiment's numbers (compute) -> its figure (draw) -> SUMMARY.md. Rules live in workflow/rules/, one file
-# per stage, and only wire files to `gradcomp` CLI verbs from what gradcomp.experiments declares. Run with
-# --configfile config/<name>.yaml; without one, config/default.yaml is used (a --configfile replaces it
-# rather than being merged into it).
-
+# experiment's numbers (compute) -> its figure (draw) -> SUMMARY.md, and one report page per experiment.
+# Rules live in workflow/rules/, one file per stage, and only wire files to `gradcomp` CLI verbs from what
+# gradcomp.experiments declares. Run with --configfile config/<name>.yaml; without one, config/default.yaml is
+# used (a --configfile replaces it rather than being merged into it).
+import shlex
+from pathlib import Path
 
 if not config:
 
@@ -11,6 +12,15 @@ if not config:
 
 
 report: "workflow/report/workflow.rst"
+
+
+# Jobs import gradcomp from this checkout's src/: the workflow's conda environment (`--sdm conda`,
+# workflow/envs/gradcomp.yaml) holds only gradcomp's dependencies.
+shell.prefix(
+    "set -euo pipefail; export PYTHONPATH="
+    + shlex.quote(str(Path(workflow.basedir) / "src"))
+    + "${{PYTHONPATH:+:$PYTHONPATH}}; "
+)
 
 
 include: "workflow/rules/common.smk"
@@ -22,3 +32,4 @@ rule all:
     default_target: True
     input:
         all_outputs(),
+        REPORT_PAGES,

@@ -30,7 +30,7 @@ from torch import nn
 
 from gradcomp._backend import COMPILE_ENV
 from gradcomp.analysis.tables import to_markdown
-from gradcomp.attach import attach
+from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split, make_synthetic
 from gradcomp.models import create_model

@@ -1,6 +1,34 @@
 """Helpers shared by the tests."""
 
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
 import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+
+
+def run_snakemake(*args, cwd=ROOT) -> subprocess.CompletedProcess:
+    """snakemake of this environment, with its bin folder first on PATH (the jobs' python)."""
+    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
+    return subprocess.run(
+        [str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, env=env, check=False
+    )
+
+
+def pins(lines) -> dict[str, str]:
+    """name -> version of the `name==version` lines of a requirements list."""
+    found = {}
+    for line in lines:
+        line = line.split("#")[0].strip()
+        match = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s]+)", line)
+        if match:
+            found[match[1].lower()] = match[2]
+    return found
 
 
 def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from gradcomp.attach import _count_zeros, attach, select_layers
+from gradcomp.attachment import _count_zeros, attach, select_layers
 from gradcomp.config import CompressionConfig
 from gradcomp.models import create_model
 
@@ -165,7 +165,8 @@ def test_state_dict_round_trip():
     assert torch.equal(other.layers[0].stats.parts[0].threshold, handle.layers[0].stats.parts[0].threshold)
     assert other.sparsity() == handle.sparsity()
     summary = handle.layer_summary()[""]
-    assert summary["threshold"] > 0 and summary["scale"] > 0 and 0.7 < summary["sparsity"] < 0.9
+    assert summary["threshold"] > 0 and summary["members"][1]["scale"] > 0 and 0.7 < summary["sparsity"] < 0.9
+    assert other.step == handle.step and other.layer_summary() == handle.layer_summary()
 
 
 def test_zero_counts_are_exact_beyond_float32_integers():

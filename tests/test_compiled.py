@@ -9,7 +9,7 @@ from torch import nn
 
 from gradcomp import log_moments, lognormal_threshold, stochastic_prune
 from gradcomp._backend import COMPILE_ENV, CpuCompiled
-from gradcomp.attach import attach
+from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig
 from gradcomp.ops.prune import _prune_chunk
 from gradcomp.ops.stats import _log_sums

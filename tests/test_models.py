@@ -6,7 +6,7 @@ import torch
 import yaml
 from torch import nn
 
-from gradcomp.attach import attach
+from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig, resolve_config
 from gradcomp.models import create_model, layer_shapes
 

@@ -4,25 +4,16 @@ import sys
 from pathlib import Path
 
 import yaml
+from helpers import pins
 
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _pins(lines):
-    pins = {}
-    for line in lines:
-        line = line.split("#")[0].strip()
-        match = re.fullmatch(r"([A-Za-z0-9_.\-]+)==([^\s]+)", line)
-        if match:
-            pins[match[1].lower()] = match[2]
-    return pins
-
-
 def test_environment_yml_mirrors_requirements():
-    requirements = _pins((ROOT / "requirements.txt").read_text().splitlines())
+    requirements = pins((ROOT / "requirements.txt").read_text().splitlines())
     environment = yaml.safe_load((ROOT / "environment.yml").read_text())
     pip_section = next(item["pip"] for item in environment["dependencies"] if isinstance(item, dict))
-    assert _pins(pip_section) == requirements
+    assert pins(pip_section) == requirements
     assert "python=3.11" in environment["dependencies"]
     for package in ("torch", "torchvision", "triton", "timm", "scipy", "seaborn", "snakemake", "pytest"):
         assert package in requirements, package

@@ -1,4 +1,3 @@
-import os
 import shutil
 import subprocess
 import sys
@@ -6,32 +5,23 @@ from pathlib import Path
 
 import pytest
 import yaml
+from helpers import ROOT, run_snakemake
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from gradcomp.pipeline import check_config, experiment_reads, figure_files, run_spec, seeds
 
-ROOT = Path(__file__).resolve().parents[1]
-SNAKEMAKE = Path(sys.executable).parent / "snakemake"
-
-
-def _snakemake(*args, cwd=ROOT):
-    env = dict(os.environ, PATH=f"{Path(sys.executable).parent}:{os.environ['PATH']}")
-    return subprocess.run(
-        [str(SNAKEMAKE), *args], cwd=cwd, capture_output=True, text=True, env=env, check=False
-    )
-
 
 @pytest.mark.parametrize("name", ["default", "cifar10", "imagenet"])
 def test_dry_run_of_every_shipped_config(name):
     # --forceall: the whole DAG even where `make run` has already produced the outputs
-    dry = _snakemake("-n", "--forceall", "--cores", "2", "--configfile", f"config/{name}.yaml")
+    dry = run_snakemake("-n", "--forceall", "--cores", "2", "--configfile", f"config/{name}.yaml")
     assert dry.returncode == 0, dry.stdout + dry.stderr
     assert "train" in dry.stdout and "figure" in dry.stdout
 
 
 def test_lint_is_clean():
-    lint = _snakemake("--lint")
+    lint = run_snakemake("--lint")
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
@@ -80,7 +70,7 @@ def test_a_bad_config_stops_snakemake_with_the_message(tmp_path):
     config["runs"]["baseline"] = "fp:format=e9m9x"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
-    dry = _snakemake("-n", "--cores", "1", "--configfile", str(path))
+    dry = run_snakemake("-n", "--cores", "1", "--configfile", str(path))
     assert dry.returncode != 0
     assert "runs.baseline" in dry.stdout + dry.stderr
 
@@ -154,7 +144,7 @@ def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
         ignore=shutil.ignore_patterns(".venv", ".git", "results", "figures", ".snakemake", "*.egg-info"),
     )
     config_path = "tests/pipeline_tiny.yaml"
-    result = _snakemake("--cores", "2", "--configfile", config_path, cwd=work)
+    result = run_snakemake("--cores", "2", "--configfile", config_path, cwd=work)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     config = yaml.safe_load((work / config_path).read_text())
     for run in config["runs"]:  # every (run, seed) is its own training job
@@ -171,13 +161,13 @@ def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
     assert "within noise (±" in summary and "seeds" in summary
     a5 = (figures / "A5_fp_formats.md").read_text()
     assert "| seeds |" in a5 and "accuracy_ci_low" in a5
-    report = _snakemake("--configfile", config_path, "--report", "report.html", cwd=work)
+    report = run_snakemake("--configfile", config_path, "--report", "report.html", cwd=work)
     assert report.returncode == 0, report.stdout[-4000:] + report.stderr[-4000:]
     html = (work / "report.html").read_text(errors="replace")
     assert "gradient sparsity" in html  # A8's generated caption reached the report
     # a fresh clone has the committed figures but no results/: the runs are trained again and every
     # experiment is computed again, A4 (which reads no runs) included
     shutil.rmtree(work / "results")
-    again = _snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=work)
+    again = run_snakemake("-n", "--cores", "2", "--configfile", config_path, cwd=work)
     assert again.returncode == 0 and "train" in again.stdout, again.stdout[-4000:] + again.stderr[-4000:]
     assert "exp=A4, slug=fp_mse_theory" in again.stdout

@@ -10,7 +10,7 @@ from helpers import lognormal_gradient
 from torch import nn
 
 from gradcomp import lognormal
-from gradcomp.attach import attach
+from gradcomp.attachment import attach
 from gradcomp.compress import LayerStats, compress, plan
 from gradcomp.config import resolve_config
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split

@@ -16,6 +16,17 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
+    "Attachment": "gradcomp.attachment",
+    "attach": "gradcomp.attachment",
+    "select_layers": "gradcomp.attachment",
+    "CompressionConfig": "gradcomp.config",
+    "Chain": "gradcomp.policies",
+    "FloatingPoint": "gradcomp.policies",
+    "Integer": "gradcomp.policies",
+    "NoCompression": "gradcomp.policies",
+    "Policy": "gradcomp.policies",
+    "Prune": "gradcomp.policies",
+    "parse_policy": "gradcomp.policies",
     "DTYPE_FORMATS": "gradcomp.formats",
     "E2M1FN": "gradcomp.formats",
     "E2M3FN": "gradcomp.formats",
@@ -51,20 +62,33 @@ __all__ = [
     "E5M2FNUZ",
     "E8M0FNU",
     "PAPER_FORMATS",
+    "Attachment",
+    "Chain",
+    "CompressionConfig",
     "FPFormat",
+    "FloatingPoint",
+    "Integer",
+    "NoCompression",
+    "Policy",
+    "Prune",
+    "attach",
     "gaussian_threshold",
     "laplace_threshold",
     "log_moments",
     "lognormal_threshold",
     "lognormal_threshold_from_moments",
     "parse_format",
+    "parse_policy",
     "quantize_fp",
     "quantize_int",
+    "select_layers",
     "stochastic_prune",
     "topk_threshold",
 ]
 
 if TYPE_CHECKING:
+    from gradcomp.attachment import Attachment, attach, select_layers
+    from gradcomp.config import CompressionConfig
     from gradcomp.formats import (
         DTYPE_FORMATS,
         E2M1FN,
@@ -90,6 +114,15 @@ if TYPE_CHECKING:
         quantize_int,
         stochastic_prune,
         topk_threshold,
+    )
+    from gradcomp.policies import (
+        Chain,
+        FloatingPoint,
+        Integer,
+        NoCompression,
+        Policy,
+        Prune,
+        parse_policy,
     )
 
 

@@ -1,6 +1,8 @@
 """`gradcomp <verb>` (also `python -m gradcomp <verb>`): the entry point every pipeline rule calls.
 
-Verbs import what they need when they run, so that e.g. `gradcomp draw` does not load torch.
+Verbs import what they need when they run, so that e.g. `gradcomp draw` does not load torch. A mistake in
+what was asked for (a config value, a path, a folder holding a previous run) prints one line,
+`gradcomp: error: ...`, and exits with status 2; `--debug` shows the traceback instead.
 """
 
 from __future__ import annotations
@@ -11,6 +13,11 @@ import sys
 from pathlib import Path
 
 from gradcomp import __version__
+from gradcomp.config import ConfigError
+
+# what a user can get wrong; other exceptions are bugs and keep their traceback. DatasetNotFound, a missing
+# --config file and an output folder that cannot be made or written are OSErrors.
+USER_ERRORS = (ConfigError, OSError)
 
 
 def _info(args: argparse.Namespace) -> None:
@@ -35,6 +42,7 @@ def _train(args: argparse.Namespace) -> None:
 
     overrides = {key: getattr(args, key) for key in TRAIN_FLAGS}
     overrides["resume"] = args.resume or None
+    overrides["overwrite"] = args.overwrite or None
     overrides["progress"] = args.progress
     config = resolve_config(args.config, **overrides)
     try:
@@ -120,6 +128,14 @@ def _summary(args: argparse.Namespace) -> None:
     print(write_summary(Path(args.figures), args.out))
 
 
+def _page(args: argparse.Namespace) -> None:
+    from gradcomp.page import write_page
+
+    print(write_page(args.out, args.markdown, args.figure))
+
+
+DEBUG_HELP = "on an error, show the traceback instead of the one-line message"
+
 # flag -> (type, help); each overrides the config key of the same name
 TRAIN_FLAGS = {
     "model": (str, "timm model name (default: per dataset, e.g. resnet18)"),
@@ -142,48 +158,81 @@ TRAIN_FLAGS = {
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="gradcomp", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gradcomp {__version__}")
+    debug = argparse.ArgumentParser(add_help=False)  # --debug before or after the verb
+    debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
+    parser.add_argument("--debug", action="store_true", help=DEBUG_HELP)
     verbs = parser.add_subparsers(dest="verb", required=True)
 
-    verbs.add_parser("info", help="versions, devices and which implementation the ops use").set_defaults(
-        run=_info
-    )
+    verbs.add_parser(
+        "info", parents=[debug], help="versions, devices and which implementation the ops use"
+    ).set_defaults(run=_info)
 
-    train = verbs.add_parser("train", help="train a timm model with compressed neural gradients")
+    train = verbs.add_parser(
+        "train", parents=[debug], help="train a timm model with compressed neural gradients"
+    )
     train.add_argument("--config", help="YAML file of training config keys (flags override it)")
     for flag, (kind, text) in TRAIN_FLAGS.items():
         train.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind, help=text)
-    train.add_argument(
+    previous = train.add_mutually_exclusive_group()
+    previous.add_argument(
         "--resume", action="store_true", help="continue from OUT/checkpoint.pt when it exists (else start)"
+    )
+    previous.add_argument(
+        "--overwrite",
+        action="store_true",
+        help="delete the files of a previous run in OUT (other files stay), then start",
     )
     train.add_argument("--progress", action=argparse.BooleanOptionalAction, default=None, help="progress bar")
     train.set_defaults(run=_train)
 
-    run = verbs.add_parser("run", help="one pipeline training run (resumes from its checkpoint if any)")
+    run = verbs.add_parser(
+        "run", parents=[debug], help="one pipeline training run (resumes from its checkpoint if any)"
+    )
     run.add_argument("--spec", required=True, help="JSON mapping of training config keys")
     run.add_argument("--out", required=True, help="output directory")
     run.set_defaults(run=_run)
 
-    compute = verbs.add_parser("compute", help="one experiment's numbers (JSON, CSV, Markdown) from its runs")
+    compute = verbs.add_parser(
+        "compute", parents=[debug], help="one experiment's numbers (JSON, CSV, Markdown) from its runs"
+    )
     compute.add_argument("id", help="experiment ID, e.g. A5")
     compute.add_argument("--settings", help="JSON file: the experiment's config section (default: none)")
     compute.add_argument("--runs", nargs="*", default=[], help="RUN:SEED=FOLDER of finished training runs")
     compute.add_argument("--out-dir", required=True)
     compute.set_defaults(run=_compute)
 
-    draw = verbs.add_parser("draw", help="one experiment's figure (PNG, PDF) from the JSON its compute wrote")
+    draw = verbs.add_parser(
+        "draw", parents=[debug], help="one experiment's figure (PNG, PDF) from the JSON its compute wrote"
+    )
     draw.add_argument("numbers", help="the experiment's <ID>_<slug>.json")
     draw.set_defaults(run=_draw)
 
-    summary = verbs.add_parser("summary", help="SUMMARY.md from every experiment's headline numbers")
+    summary = verbs.add_parser(
+        "summary", parents=[debug], help="SUMMARY.md from every experiment's headline numbers"
+    )
     summary.add_argument("--figures", required=True, help="folder of the experiments' outputs")
     summary.add_argument("--out", required=True, help="Markdown file to write")
     summary.set_defaults(run=_summary)
+
+    page = verbs.add_parser(
+        "page", parents=[debug], help="a report page (HTML) of a Markdown file, with a figure embedded"
+    )
+    page.add_argument("markdown", help="SUMMARY.md or an experiment's <ID>_<slug>.md")
+    page.add_argument("--figure", help="PNG to show after the page's title")
+    page.add_argument("--out", required=True, help="HTML file to write")
+    page.set_defaults(run=_page)
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    args.run(args)
+    try:
+        args.run(args)
+    except USER_ERRORS as error:
+        if args.debug:
+            raise
+        print(f"gradcomp: error: {error}", file=sys.stderr)
+        return 2
     return 0
 
 

@@ -53,7 +53,14 @@ class LayerStats:
     # dynamic loss scaling (FloatingPoint scaling="dynamic"): the shared scale's state, copied in every layer
     overflow: Tensor | None = None  # whether this layer's scaled gradient exceeded the format this step
     clean_steps: int = 0  # steps since the scale last changed without an overflow
+    range: Tensor | None = None  # integer quantizers: max - min of the gradient, what PTQ's bins span
     parts: list[LayerStats] = field(default_factory=list)  # one per member of a chain
+
+    def fit(self) -> list[Tensor]:
+        """The fitted values of this layer and of each chain member (what a refresh sets from the gradient):
+        one of them non-finite means the gradient had nothing to fit (e.g. all zeros)."""
+        values = [self.mu, self.sigma, self.threshold, self.scale, self.range]
+        return [v for v in values if v is not None] + [v for part in self.parts for v in part.fit()]
 
 
 Compressor = Callable[[Policy, Tensor, LayerStats, bool, int, bool, Tensor | None], Tensor]
@@ -260,6 +267,10 @@ def _interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
 
 @_implements(Integer)
 def _integer(policy: Integer, g, stats, refresh, seed, weight_path, active):
+    # the range is reported only: each call quantizes on its gradient's own range
+    if g.numel() and (refresh or stats.range is None):
+        low, high = torch.aminmax(g.detach())
+        stats.range = (high - low).float()
     scheme = policy.weight_path if weight_path else "same"
     if scheme == "same":
         return quantize_int(g, policy.bits, policy.scheme, seed=seed)

@@ -9,6 +9,11 @@ or nested under ``compression:``.
 from __future__ import annotations
 
 import dataclasses
+import difflib
+import functools
+import importlib.util
+import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -21,6 +26,11 @@ from gradcomp.policies import NoCompression, Policy, parse_policy
 PLACEMENTS = ("output", "input")
 
 
+class ConfigError(ValueError):
+    """A mistake in what was asked for (a key, a value, a path, the state of the output folder): the
+    `gradcomp` command prints its message as one line instead of a traceback."""
+
+
 @dataclass(frozen=True)
 class CompressionConfig:
     """What to compress and where, and when its statistics are refreshed.
@@ -29,7 +39,8 @@ class CompressionConfig:
     include / exclude: fully-qualified layer-name patterns (fnmatch); placement: the gradient w.r.t. each
     selected layer's output (both GEMMs consume it) or input (e.g. BatchNorm inputs). refresh: "step",
     "epoch" (first step of each epoch, as in the reference code) or an integer K (every K steps); no
-    compression during the first `warmup_steps` steps.
+    compression during the first `warmup_steps` steps (the reference code prunes after half an epoch: a fit
+    from the first steps of a new network describes a longer refresh interval poorly).
     """
 
     policy: Policy = field(default_factory=NoCompression)  # a policy string is parsed (parse_policy)
@@ -84,6 +95,70 @@ DATASET_DEFAULTS: dict[str, dict[str, Any]] = {
     "synthetic": {"model": "resnet10t", "batch_size": 32, "lr": 0.05, "epochs": 2},
 }
 
+# timm registers a model by decorating its entrypoint with @register_model, and keeps old names through
+# register_model_deprecations(__name__, {old: new, ...}) in the same module
+_TIMM_ENTRYPOINT = re.compile(r"^@register_model\s*\ndef (\w+)", re.MULTILINE)
+_TIMM_DEPRECATIONS = re.compile(r"register_model_deprecations\(\s*__name__,\s*\{(.*?)\}\s*\)", re.DOTALL)
+_QUOTED_KEY = re.compile(r"['\"]([\w.-]+)['\"]\s*:")
+
+
+@functools.cache
+def timm_model_names() -> frozenset[str] | None:
+    """timm's model names read from its sources (some 30 ms) rather than from `timm.list_models()`: importing
+    timm imports torch (seconds), which parsing the workflow must not. None when timm is not installed or its
+    sources no longer look as expected (then only building the model checks the name)."""
+    spec = importlib.util.find_spec("timm")
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    names: set[str] = set()
+    for path in (Path(spec.submodule_search_locations[0]) / "models").glob("*.py"):
+        text = path.read_text(encoding="utf-8")
+        names.update(_TIMM_ENTRYPOINT.findall(text))
+        for mapping in _TIMM_DEPRECATIONS.findall(text):
+            names.update(_QUOTED_KEY.findall(mapping))
+    return frozenset(names) if len(names) > 100 else None  # timm has well over a thousand
+
+
+def check_model_name(name: str) -> None:
+    """Refuse a name timm does not know (a pretrained tag after a dot is ignored, as timm does). Once timm is
+    imported its registry decides, so that models registered at run time count."""
+    timm = sys.modules.get("timm")
+    if timm is not None:
+        if timm.is_model(name):
+            return
+        known = timm.list_models()
+    else:
+        known = timm_model_names()
+        if known is None or name.split(".", 1)[0] in known:
+            return
+    close = difflib.get_close_matches(name, known, n=3)
+    hint = f"; did you mean {', '.join(close)}?" if close else " (see timm.list_models())"
+    raise ConfigError(f"unknown timm model {name!r}{hint}")
+
+
+# annotation -> accepted Python types, for the type check of TrainConfig's plain fields
+_TYPES: dict[str, tuple[type, ...]] = {
+    "str": (str,),
+    "int": (int,),
+    "float": (int, float),
+    "bool": (bool,),
+    "dict": (dict,),
+    "list": (list,),
+    "None": (type(None),),
+}
+
+
+def _check_type(name: str, annotation: str, value: Any) -> None:
+    """A YAML value of the wrong type (epochs: "3", lr: [0.1]) fails here, naming the key, rather than
+    deep inside training."""
+    options = [option.strip() for option in annotation.split("|")]
+    if not all(option in _TYPES for option in options):
+        return  # a typed object (CompressionConfig) checks itself
+    accepted = tuple(kind for option in options for kind in _TYPES[option])
+    is_bool = isinstance(value, bool)
+    if not isinstance(value, accepted) or (is_bool and bool not in accepted):
+        raise ValueError(f"{name} must be {annotation}, got {value!r}")
+
 
 @dataclass
 class TrainConfig:
@@ -120,13 +195,19 @@ class TrainConfig:
     threads: int | None = None
     log_every: int = 20
     progress: bool = True
-    resume: bool = False
+    resume: bool = False  # continue from out/checkpoint.pt (start when there is none)
+    overwrite: bool = False  # delete the run files a previous run left in `out`, then start
     probe: dict | None = None
     forward_bits: int | None = None  # QAT: quantize conv/linear inputs and weights in the forward pass
 
     def __post_init__(self) -> None:
         if isinstance(self.compression, Mapping):
             self.compression = CompressionConfig(**self.compression)
+        for item in dataclasses.fields(self):
+            _check_type(item.name, item.type, getattr(self, item.name))
+        check_model_name(self.model)
+        if self.resume and self.overwrite:
+            raise ValueError("resume and overwrite exclude each other: continue the run or replace it")
         if self.optimizer not in ("sgd", "adamw"):
             raise ValueError(f"optimizer must be sgd or adamw, got {self.optimizer!r}")
         if self.stem not in STEMS:
@@ -163,19 +244,30 @@ def resolve_config(file: str | Path | None = None, **overrides: Any) -> TrainCon
     Compression keys may be flat or nested under `compression`; the same key both ways is an error."""
     values: dict[str, Any] = {}
     if file is not None:
-        values = yaml.safe_load(Path(file).read_text()) or {}
+        try:
+            values = yaml.safe_load(Path(file).read_text()) or {}
+        except yaml.YAMLError as error:
+            raise ConfigError(f"{file} is not valid YAML: {' '.join(str(error).split())}") from error
         if not isinstance(values, dict):
-            raise ValueError(f"{file}: a training config must be a mapping of keys to values")
+            raise ConfigError(f"{file}: a training config must be a mapping of keys to values")
+    # resume and overwrite say what to do with a previous run: either one given as an override replaces the
+    # file's choice (a run's config.yaml records the one it was started with)
+    for key, other in (("resume", "overwrite"), ("overwrite", "resume")):
+        if overrides.get(key) and overrides.get(other) is None:
+            values.pop(other, None)
     values.update({key: value for key, value in overrides.items() if value is not None})
     unknown = sorted(set(values) - set(known_keys()))
     if unknown:
-        raise ValueError(f"unknown training config keys {unknown}; known keys: {known_keys()}")
+        raise ConfigError(f"unknown training config keys {unknown}; known keys: {known_keys()}")
     compression = dict(values.pop("compression", None) or {})
     for key in COMPRESSION_KEYS:
         if key in values:
             if key in compression and compression[key] != values[key]:
-                raise ValueError(f"{key} is given both flat and under compression; give it once")
+                raise ConfigError(f"{key} is given both flat and under compression; give it once")
             compression[key] = values.pop(key)
     dataset = values.get("dataset", TrainConfig.dataset)
     merged = {**DATASET_DEFAULTS.get(dataset, {}), **values}
-    return TrainConfig(**merged, compression=CompressionConfig(**compression))
+    try:
+        return TrainConfig(**merged, compression=CompressionConfig(**compression))
+    except (TypeError, ValueError) as error:  # the dataclasses' and the policies' checks of values
+        raise ConfigError(str(error)) from error

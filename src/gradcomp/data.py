@@ -12,6 +12,7 @@ union is the single-process batch (augmented alike, since the draws are made for
 
 from __future__ import annotations
 
+import dataclasses
 import gzip
 import struct
 from collections.abc import Iterator
@@ -68,6 +69,7 @@ class ImageSet(_Split):
     mean: tuple[float, ...]
     std: tuple[float, ...]
     augment: bool = False  # random crop (padding 4) and horizontal flip when training
+    source: Path | None = None  # the data_dir read (None: generated images)
 
     def __len__(self) -> int:
         return self.labels.numel()
@@ -85,9 +87,7 @@ class ImageSet(_Split):
         if count is None:
             return self
         keep = first_per_class(self.labels, self.num_classes, count)
-        return ImageSet(
-            self.images[keep], self.labels[keep], self.num_classes, self.mean, self.std, self.augment
-        )
+        return dataclasses.replace(self, images=self.images[keep], labels=self.labels[keep])
 
     def batches(
         self,
@@ -160,32 +160,44 @@ def _find_idx(directory: Path, stem: str) -> Path | None:
 
 
 def load_fashion_mnist(data_dir: Path | None, train: bool) -> ImageSet:
-    """From `data_dir` if given, else the Debian package's files; torchvision's download as a last resort."""
+    """From `data_dir` when given (its IDX files, else torchvision's download into it), else from the Debian
+    package's files, else torchvision's download into ~/.cache/gradcomp. A given `data_dir` is never passed
+    over for another folder: the run's config.yaml records the folder read (`ImageSet.source`)."""
     prefix = "train" if train else "t10k"
-    searched = [d for d in (data_dir, FASHION_MNIST_SYSTEM_DIR) if d is not None]
-    for directory in searched:
-        images = _find_idx(Path(directory), f"{prefix}-images-idx3-ubyte")
-        labels = _find_idx(Path(directory), f"{prefix}-labels-idx1-ubyte")
-        if images and labels:
-            return ImageSet(
-                torch.from_numpy(read_idx(images).copy()).unsqueeze(1),
-                torch.from_numpy(read_idx(labels).astype(np.int64)),
-                10,
-                *_STATS["fashion-mnist"],
-            )
-    root = Path(data_dir or Path.home() / ".cache" / "gradcomp")
+    if data_dir is not None and not Path(data_dir).is_dir():
+        raise DatasetNotFound(f"--data-dir {data_dir} is not a folder (Fashion-MNIST's IDX files go there)")
+    local = Path(data_dir) if data_dir is not None else FASHION_MNIST_SYSTEM_DIR
+    images = _find_idx(local, f"{prefix}-images-idx3-ubyte")
+    labels = _find_idx(local, f"{prefix}-labels-idx1-ubyte")
+    if images and labels:
+        return ImageSet(
+            torch.from_numpy(read_idx(images).copy()).unsqueeze(1),
+            torch.from_numpy(read_idx(labels).astype(np.int64)),
+            10,
+            *_STATS["fashion-mnist"],
+            source=local,
+        )
+    root = Path(data_dir) if data_dir is not None else Path.home() / ".cache" / "gradcomp"
     try:
         from torchvision.datasets import FashionMNIST
 
         dataset = FashionMNIST(str(root), train=train, download=True)
     except Exception as error:
+        cause = f"{type(error).__name__}: {' '.join(str(error).split())}"
+        if data_dir is not None:
+            raise DatasetNotFound(
+                f"Fashion-MNIST not found in --data-dir {local} and the download into it failed ({cause}). "
+                f"Put the four IDX files ({prefix}-images-idx3-ubyte[.gz], ...) there, or leave --data-dir "
+                f"out to read the Debian package's files ({FASHION_MNIST_SYSTEM_DIR})."
+            ) from error
         raise DatasetNotFound(
-            f"Fashion-MNIST not found in {', '.join(map(str, searched))} and the download into {root} failed "
-            f"({type(error).__name__}: {error}). Install it with `apt-get install dataset-fashion-mnist` "
-            "(Debian/Ubuntu: files in /usr/share/datasets/fashion-mnist) or put the four IDX files in "
+            f"Fashion-MNIST not found in {local} and the download into {root} failed ({cause}). Install it "
+            "with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu) or put the four IDX files in "
             "--data-dir."
         ) from error
-    return ImageSet(dataset.data.unsqueeze(1), dataset.targets.long(), 10, *_STATS["fashion-mnist"])
+    return ImageSet(
+        dataset.data.unsqueeze(1), dataset.targets.long(), 10, *_STATS["fashion-mnist"], source=root
+    )
 
 
 def load_cifar(name: str, data_dir: Path | None, train: bool) -> ImageSet:
@@ -206,7 +218,14 @@ def load_cifar(name: str, data_dir: Path | None, train: bool) -> ImageSet:
             f"https://www.cs.toronto.edu/~kriz/cifar.html and extract it into {data_dir}."
         ) from error
     images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
-    return ImageSet(images, torch.tensor(dataset.targets), len(dataset.classes), *_STATS[name], augment=train)
+    return ImageSet(
+        images,
+        torch.tensor(dataset.targets),
+        len(dataset.classes),
+        *_STATS[name],
+        augment=train,
+        source=Path(data_dir),
+    )
 
 
 def make_synthetic(
@@ -250,6 +269,7 @@ class ImageFolderSet(_Split):
         self.dataset = datasets.ImageFolder(str(folder), pipeline)
         self.num_classes = len(self.dataset.classes)
         self.in_chans, self.image_size, self.workers = 3, 224, workers
+        self.source = folder.parent  # the data_dir read
         targets = torch.tensor(self.dataset.targets)
         self.indices = torch.arange(targets.numel())
         if subset_per_class is not None:

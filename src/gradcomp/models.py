@@ -2,16 +2,46 @@
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 import timm
 import torch
 from torch import nn
 
-from gradcomp.config import STEMS
+from gradcomp.config import STEMS, ConfigError, check_model_name
 
 # stem name -> (kernel, stride) of the replacement first convolution ("model" keeps the model's own)
 _STEM_CONV = {"3x3": (3, 1), "3x3s2": (3, 2)}
+_STEM_PARTS = ("conv1", "bn1", "maxpool", "layer1")  # what a small stem replaces or reads
+_FROM_THE_DATA = ("num_classes", "in_chans")  # create_model sets these from the dataset
+
+
+def check_model(name: str, stem: str = "model", model_kwargs: dict[str, Any] | None = None) -> None:
+    """Refuse, before any data is loaded, a model timm does not know, a `model_kwargs` key its class does not
+    take (timm passes them on to the class) and a small stem on a model without a ResNet stem. The class is
+    found by building the model with its defaults on the meta device (milliseconds, no memory)."""
+    check_model_name(name)
+    model_kwargs = model_kwargs or {}
+    for key in _FROM_THE_DATA:
+        if key in model_kwargs:
+            raise ConfigError(f"model_kwargs key {key!r} is set from the dataset; remove it")
+    try:
+        with torch.device("meta"):
+            model = timm.create_model(name, pretrained=False)
+    except Exception:  # a model that cannot be built on the meta device: building it for real checks it
+        return
+    if stem in _STEM_CONV:
+        _check_resnet_stem(model, name)
+    parameters = inspect.signature(type(model).__init__).parameters
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in parameters.values()):
+        return  # the class takes any keyword
+    known = sorted(set(parameters) - {"self", *_FROM_THE_DATA})
+    for key in model_kwargs:
+        if key not in known:
+            raise ConfigError(
+                f"model_kwargs key {key!r} is not a parameter of {name} (known: {', '.join(known)})"
+            )
 
 
 def create_model(
@@ -31,10 +61,9 @@ def create_model(
     image_size: passed to models that need it (ViT/DeiT: img_size); other kwargs go to timm unchanged,
     e.g. patch_size=4 for a ViT on 32x32 images.
     """
-    if not timm.is_model(name):
-        raise ValueError(f"unknown timm model {name!r} (see timm.list_models())")
+    check_model_name(name)
     if stem not in STEMS:
-        raise ValueError(f"stem must be one of {', '.join(STEMS)}, got {stem!r}")
+        raise ConfigError(f"stem must be one of {', '.join(STEMS)}, got {stem!r}")
     if image_size is not None and any(key in name for key in ("vit", "deit")):
         kwargs.setdefault("img_size", image_size)
     model = timm.create_model(name, pretrained=False, num_classes=num_classes, in_chans=in_chans, **kwargs)
@@ -43,13 +72,19 @@ def create_model(
     return model
 
 
+def _check_resnet_stem(model: nn.Module, name: str) -> None:
+    if not all(hasattr(model, part) for part in _STEM_PARTS) or not isinstance(model.conv1, nn.Conv2d):
+        raise ConfigError(
+            f"stem applies to ResNet-style models with {', '.join(_STEM_PARTS)}, not {name!r} "
+            "(stem: model keeps its own)"
+        )
+
+
 def _small_stem(model: nn.Module, name: str, in_chans: int, kernel: int, stride: int) -> None:
     """Replace a timm ResNet's 7x7/2 convolution and max-pool by one kernel x kernel convolution at
     `stride`, as wide as the first stage's output; its first block then reads that width directly, so that
     block needs no projection shortcut (as in a standard ResNet, whose stem matches its first stage)."""
-    parts = ("conv1", "bn1", "maxpool", "layer1")
-    if not all(hasattr(model, part) for part in parts) or not isinstance(model.conv1, nn.Conv2d):
-        raise ValueError(f"stem applies to ResNet-style models with {', '.join(parts)}, not {name!r}")
+    _check_resnet_stem(model, name)
     block = model.layer1[0]
     width = (block.bn3 if hasattr(block, "bn3") else block.bn2).num_features  # the block's output
     model.conv1 = nn.Conv2d(in_chans, width, kernel, stride, kernel // 2, bias=False)

@@ -9,7 +9,10 @@ writing `results/<config>/runs/<run>/seed<k>/`. Nothing here imports torch or ma
 from __future__ import annotations
 
 from collections.abc import Mapping
+from pathlib import Path
 from typing import Any
+
+import yaml
 
 from gradcomp.config import known_keys, resolve_config
 from gradcomp.experiments import COMPUTED, DRAWN, experiments
@@ -63,11 +66,38 @@ def figure_files(config: Mapping[str, Any]) -> list[str]:
     return [*names, "SUMMARY.md"]
 
 
+def schema_violations(config: Mapping[str, Any], schema_file: str | Path) -> list[str]:
+    """Every violation of the config schema as one line, `config path: problem` (snakemake.utils.validate
+    reports only the first, followed by the whole schema)."""
+    import jsonschema
+
+    schema = yaml.safe_load(Path(schema_file).read_text())
+    validator = jsonschema.validators.validator_for(schema)(schema)
+    lines = []
+    for error in sorted(validator.iter_errors(config), key=lambda error: list(map(str, error.absolute_path))):
+        # oneOf: the problem inside the alternative of the value's type (a mapping where a run may be a string
+        # or a mapping), rather than "is not of type 'string'"
+        inside = [e for e in error.context if e.validator != "type" or e.path]
+        if inside:
+            error = jsonschema.exceptions.best_match(inside)
+        where = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in error.absolute_path)
+        lines.append(f"{where.lstrip('.') or 'the config'}: {error.message}")
+    return lines
+
+
+def check_schema(config: Mapping[str, Any], schema_file: str | Path) -> None:
+    """Raise, one line per violation, when the config does not follow its schema."""
+    violations = schema_violations(config, schema_file)
+    if violations:
+        raise ValueError(f"the config does not follow {schema_file}:\n" + "\n".join(violations))
+
+
 def check_config(config: Mapping[str, Any]) -> None:
     """Errors the schema cannot see, each naming the key: unknown training keys, bad policies or training
-    values, a seed set in `train`, experiment settings, runs or seeds an experiment names but the config
-    does not train."""
-    known = set(known_keys()) - {"out", "resume", "progress"}
+    values, unknown timm models (read from timm's sources, without importing torch), a seed set in `train`,
+    experiment settings, runs or seeds an experiment names but the config does not train. `model_kwargs` keys
+    need the model's class, hence torch: each training job checks them before it loads any data."""
+    known = set(known_keys()) - {"out", "resume", "overwrite", "progress"}
     for where, keys in [("train", config["train"])] + [
         (f"runs.{run}", _own(config, run)) for run in config["runs"]
     ]:

@@ -3,7 +3,7 @@
 A policy is a small frozen dataclass, registered by name and built from a string ``NAME[:key=value,...]``
 (chains joined by ``+``), e.g. ``prune:sparsity=0.85,estimator=gaussian+fp:format=e4m1``, or from a YAML
 mapping ``{name: prune, sparsity: 0.85}`` (a list of mappings for a chain). It says *what*;
-`gradcomp.compress` says *how* (the torch ops it runs), and `gradcomp.attach` *where*. This module imports
+`gradcomp.compress` says *how* (the torch ops it runs), and `gradcomp.attachment` *where*. This module imports
 no torch, so configs are validated (e.g. while Snakemake parses the workflow) without it.
 
 Policies describe themselves for analyses and figures: `label` (a short name), `family` (the group a figure
@@ -214,7 +214,10 @@ class FloatingPoint(Policy):
     _fmt: FPFormat = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "_fmt", parse_format(self.format))
+        try:
+            object.__setattr__(self, "_fmt", parse_format(self.format))
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"fp: format={self.format!r}: {error}") from error
         if self.scaling not in SCALINGS:
             raise ValueError(f"fp: scaling must be one of {SCALINGS}, got {self.scaling!r}")
         if self.rounding not in ("nearest", "stochastic"):

@@ -5,7 +5,9 @@ AdamW, evaluating every epoch. It writes into `config.out`: `config.yaml` (the r
 `metrics.jsonl` (one JSON line per logged step and per epoch), `summary.json`, `checkpoint.pt` (every epoch,
 every `checkpoint_every` steps and on SIGTERM/SIGINT, written atomically) and, when probing, `probe.npz`. With
 `resume=True` it continues from the checkpoint (and starts afresh when there is none) and, on CPU with a fixed
-seed, ends exactly where an uninterrupted run ends, also after a kill -9.
+seed, ends exactly where an uninterrupted run ends, also after a kill -9. A folder holding a previous run's
+checkpoint or summary is refused unless `resume` or `overwrite` (delete those files, then start) says what to
+do with it, so that a rerun never silently replaces results.
 
 Several processes (`torchrun --nproc_per_node=N`, see `gradcomp.distributed`): DistributedDataParallel, and
 `batch_size` is the global batch, split evenly over the ranks (each takes a disjoint shard of every batch of
@@ -42,16 +44,18 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from gradcomp.attach import Attachment, attach, select_layers
-from gradcomp.config import TrainConfig
+from gradcomp.attachment import Attachment, attach, select_layers
+from gradcomp.config import ConfigError, TrainConfig
 from gradcomp.data import ImageFolderSet, ImageSet, load_split
 from gradcomp.distributed import ALONE, Processes, setup
-from gradcomp.models import create_model
+from gradcomp.models import check_model, create_model
 from gradcomp.policies import NoCompression
 from gradcomp.probe import Probe, ProbeConfig
 from gradcomp.qat import quantize_forward
 
 CHECKPOINT = "checkpoint.pt"
+# what a run writes into its folder: `overwrite` deletes these (and nothing else there) before starting
+RUN_FILES = ("config.yaml", "metrics.jsonl", "summary.json", CHECKPOINT, "probe.npz")
 
 
 def _seed_everything(seed: int) -> None:
@@ -177,9 +181,9 @@ def _load_checkpoint(path: Path, device: torch.device, config: TrainConfig, worl
     changed = [key for key in _RESUME_KEYS if saved.get(key) != current[key]]
     if changed:
         details = ", ".join(f"{key}: {saved.get(key)!r} -> {current[key]!r}" for key in changed)
-        raise ValueError(f"cannot resume {path}: the configuration changed ({details})")
+        raise ConfigError(f"cannot resume {path}: the configuration changed ({details})")
     if len(checkpoint["ranks"]) != world_size:
-        raise ValueError(
+        raise ConfigError(
             f"cannot resume {path}: it was written by {len(checkpoint['ranks'])} training processes and this "
             f"run has {world_size}; resume with torchrun --nproc_per_node={len(checkpoint['ranks'])}"
         )
@@ -308,6 +312,33 @@ def _to_device(tree: Any, device: torch.device | str) -> Any:
     return tree
 
 
+def _refusal(config: TrainConfig) -> str | None:
+    """Why a run may not start in `config.out` (None: it may): a previous run's results are there and neither
+    `resume` nor `overwrite` says what to do with them."""
+    out = Path(config.out)
+    held = [name for name in ("summary.json", CHECKPOINT) if (out / name).is_file()]
+    if not held or config.resume or config.overwrite:
+        return None
+    state = "a finished run" if "summary.json" in held else "an interrupted run"
+    return (
+        f"{out} holds {state} ({', '.join(held)}); pass --resume to continue it, or --overwrite to delete "
+        "its files and start afresh (config keys resume / overwrite)"
+    )
+
+
+def _check_output_folder(config: TrainConfig, processes: Processes) -> None:
+    """Rank 0 looks (the other ranks may not see its file system) and every rank raises the same error."""
+    refusal = processes.gather(_refusal(config) if processes.is_main else None)[0]
+    if refusal is not None:
+        raise ConfigError(refusal)
+
+
+def _remove_run_files(out: Path) -> None:
+    for name in RUN_FILES:
+        (out / name).unlink(missing_ok=True)
+        (out / f"{name}.tmp").unlink(missing_ok=True)  # left by a write that a kill -9 interrupted
+
+
 def _make_output_directory(out: Path) -> None:
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -318,13 +349,16 @@ def _make_output_directory(out: Path) -> None:
 
 
 def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _Run:
+    """Everything a run needs, checked cheapest first; the output folder is made last, so that a run which
+    cannot start leaves none behind. The returned run's config records the data folder actually read."""
     out = Path(config.out)
-    processes.on_main(lambda: _make_output_directory(out))
+    _check_output_folder(config, processes)
     if config.batch_size % processes.world_size:
-        raise ValueError(
+        raise ConfigError(
             f"batch_size {config.batch_size} (the global batch) must be a multiple of the "
             f"{processes.world_size} training processes"
         )
+    check_model(config.model, config.stem, config.model_kwargs)
     if config.threads:
         torch.set_num_threads(config.threads)
     _seed_everything(config.seed)
@@ -333,6 +367,8 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
     test_set = load_split(
         config.dataset, config.data_dir, False, config.test_subset_per_class, config.workers
     )
+    source = train_set.source
+    config = dataclasses.replace(config, data_dir=None if source is None else str(source))
     model = create_model(
         config.model,
         train_set.num_classes,
@@ -371,11 +407,12 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
         optimizer = torch.optim.AdamW(groups, lr=config.lr)
     steps_per_epoch = train_set.steps_per_epoch(config.batch_size, drop_last=True)
     if steps_per_epoch == 0:
-        raise ValueError(f"batch_size {config.batch_size} exceeds the {len(train_set)} training images")
+        raise ConfigError(f"batch_size {config.batch_size} exceeds the {len(train_set)} training images")
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
     scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, _lr_factor(config, steps_per_epoch, total_steps))
+    processes.on_main(lambda: _make_output_directory(out))
     return _Run(
         config=config,
         out=out,
@@ -496,6 +533,7 @@ def train(config: TrainConfig) -> dict:
 
 def _train(config: TrainConfig, processes: Processes, device: torch.device) -> dict:
     run = _build(config, processes, device)
+    config = run.config  # with the data folder actually read
     checkpoint_path = run.out / CHECKPOINT
     resuming = processes.any(config.resume and checkpoint_path.exists())
     if resuming:
@@ -503,6 +541,8 @@ def _train(config: TrainConfig, processes: Processes, device: torch.device) -> d
     progress = run.progress
 
     def start_files() -> None:
+        if config.overwrite:
+            _remove_run_files(run.out)
         if not resuming:
             run.metrics_path.write_text("")
         (run.out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))

@@ -7,6 +7,7 @@ from snakemake.utils import validate
 from gradcomp.experiments import experiments
 from gradcomp.pipeline import (
     check_config,
+    check_schema,
     experiment_reads,
     figure_files,
     run_folder,
@@ -14,6 +15,10 @@ from gradcomp.pipeline import (
     seeds,
 )
 
+# check_schema reports every violation, one line each; validate then fills in the defaults
+check_schema(
+    config, os.path.join(workflow.basedir, "workflow/schemas/config.schema.yaml")
+)
 validate(config, "../schemas/config.schema.yaml")
 check_config(config)
 

@@ -1,3 +1,24 @@
+import re
+
+REPORT = f"{RESULTS}/report"
+# A page per experiment (its figure, caption and tables) and one for SUMMARY.md: the report shows HTML, images
+# and PDFs but only offers other files (CSV, Markdown) for download, and keeps captions in an info pane.
+# The report sorts its categories as text (A1, A10, A2): a two-digit position in natural ID order goes first.
+REPORT_ORDER = sorted(
+    config["experiments"],
+    key=lambda exp: [
+        int(part) if part.isdigit() else part for part in re.split(r"(\d+)", exp)
+    ],
+)
+REPORT_CATEGORIES = {
+    exp: f"{n:02d} {exp}" for n, exp in enumerate(REPORT_ORDER, start=1)
+}
+SUMMARY_CATEGORY = "00 Summary"
+REPORT_PAGES = [f"{REPORT}/{EXPERIMENTS[exp].prefix}.html" for exp in REPORT_ORDER] + [
+    f"{REPORT}/SUMMARY.html"
+]
+
+
 # Each experiment's settings as a file of this run's results, which the compute step reads: a fresh clone
 # (committed figures, no results/) writes it anew and so recomputes every experiment, A4 (no runs) included.
 rule settings:
@@ -6,7 +27,7 @@ rule settings:
     log:
         f"{RESULTS}/logs/settings_{{exp}}.log",
     conda:
-        "../../environment.yml"
+        "../envs/gradcomp.yaml"
     params:
         settings=settings_json,
     shell:
@@ -19,12 +40,20 @@ rule compute:
         settings=f"{RESULTS}/experiments/{{exp}}.json",
     output:
         numbers=f"{FIGURES}/{{exp}}_{{slug}}.json",
-        csv=f"{FIGURES}/{{exp}}_{{slug}}.csv",
-        md=f"{FIGURES}/{{exp}}_{{slug}}.md",
+        csv=report(
+            f"{FIGURES}/{{exp}}_{{slug}}.csv",
+            category=lambda wildcards: REPORT_CATEGORIES[wildcards.exp],
+            labels={"item": "main table (CSV)"},
+        ),
+        md=report(
+            f"{FIGURES}/{{exp}}_{{slug}}.md",
+            category=lambda wildcards: REPORT_CATEGORIES[wildcards.exp],
+            labels={"item": "tables (Markdown)"},
+        ),
     log:
         f"{RESULTS}/logs/compute_{{exp}}_{{slug}}.log",
     conda:
-        "../../environment.yml"
+        "../envs/gradcomp.yaml"
     threads: 1
     params:
         runs=run_arguments,
@@ -41,13 +70,19 @@ rule draw:
         png=report(
             f"{FIGURES}/{{exp}}_{{slug}}.png",
             caption="../report/figure.rst",
-            category="{exp}",
+            category=lambda wildcards: REPORT_CATEGORIES[wildcards.exp],
+            labels={"item": "figure (PNG)"},
         ),
-        pdf=f"{FIGURES}/{{exp}}_{{slug}}.pdf",
+        pdf=report(
+            f"{FIGURES}/{{exp}}_{{slug}}.pdf",
+            caption="../report/figure.rst",
+            category=lambda wildcards: REPORT_CATEGORIES[wildcards.exp],
+            labels={"item": "figure (PDF)"},
+        ),
     log:
         f"{RESULTS}/logs/draw_{{exp}}_{{slug}}.log",
     conda:
-        "../../environment.yml"
+        "../envs/gradcomp.yaml"
     threads: 1
     params:
         title=lambda wildcards: EXPERIMENTS[wildcards.exp].title,
@@ -60,13 +95,54 @@ rule summary:
     input:
         [experiment_path(exp, "json") for exp in config["experiments"]],
     output:
-        f"{FIGURES}/SUMMARY.md",
+        report(
+            f"{FIGURES}/SUMMARY.md",
+            category=SUMMARY_CATEGORY,
+            labels={"item": "SUMMARY.md"},
+        ),
     log:
         f"{RESULTS}/logs/summary.log",
     conda:
-        "../../environment.yml"
+        "../envs/gradcomp.yaml"
     threads: 1
     params:
         folder=lambda wildcards, output: os.path.dirname(output[0]),
     shell:
         "python -m gradcomp summary --figures {params.folder} --out {output} > {log} 2>&1"
+
+
+rule page:
+    input:
+        md=f"{FIGURES}/{{exp}}_{{slug}}.md",
+        png=f"{FIGURES}/{{exp}}_{{slug}}.png",
+    output:
+        report(
+            f"{REPORT}/{{exp}}_{{slug}}.html",
+            category=lambda wildcards: REPORT_CATEGORIES[wildcards.exp],
+            labels={"item": "caption, figure and tables"},
+        ),
+    log:
+        f"{RESULTS}/logs/page_{{exp}}_{{slug}}.log",
+    conda:
+        "../envs/gradcomp.yaml"
+    threads: 1
+    shell:
+        "python -m gradcomp page {input.md} --figure {input.png} --out {output} > {log} 2>&1"
+
+
+rule summary_page:
+    input:
+        f"{FIGURES}/SUMMARY.md",
+    output:
+        report(
+            f"{REPORT}/SUMMARY.html",
+            category=SUMMARY_CATEGORY,
+            labels={"item": "papers and ours (page)"},
+        ),
+    log:
+        f"{RESULTS}/logs/summary_page.log",
+    conda:
+        "../envs/gradcomp.yaml"
+    threads: 1
+    shell:
+        "python -m gradcomp page {input} --out {output} > {log} 2>&1"

@@ -16,7 +16,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from gradcomp.attach import attach, select_layers
+from gradcomp.attachment import attach, select_layers
 from gradcomp.config import CompressionConfig
 from gradcomp.ops.int_quant import AffineMap, BlockHouseholder, Scheme, quantize_int
 from gradcomp.policies import Policy

@@ -20,14 +20,20 @@ identity Function on that BatchNorm's output (for timm's BatchNormAct, on its ac
 the mask in backward, just before the BatchNorm's backward produces the gradient compressed here. The pairing
 is by tensor identity at forward time, so it follows whatever graph the model builds.
 
-Statistics are refreshed on a schedule (every step, every K steps, or at the first step of each epoch) and
-compression starts after `warmup_steps`. Random seeds derive from (seed, step, layer, stream), so compression
-never draws from torch's global generator.
+Steps: the attachment counts training steps itself (a forward pass with gradients enabled after a backward
+pass through the compressed layers begins the next step), so a plain training loop needs no call; a loop
+that calls `begin_step(step, epoch_start)` drives the count instead (needed for refresh="epoch", whose
+epoch boundaries the attachment cannot see). Statistics are refreshed on the schedule (every step, every K
+steps, or at the first step of each epoch), and a refresh that fitted nothing finite (an all-zero gradient,
+e.g. a residual branch behind a zero-initialised BatchNorm weight at the first step) is repeated at the next
+step rather than kept for the whole interval. Compression starts after `warmup_steps`. Random seeds derive
+from (seed, step, layer, stream), so compression never draws from torch's global generator.
 """
 
 from __future__ import annotations
 
 import fnmatch
+import warnings
 import weakref
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -37,7 +43,7 @@ from torch import Tensor, nn
 
 from gradcomp.compress import LayerStats, compress, plan
 from gradcomp.config import CompressionConfig
-from gradcomp.policies import Policy
+from gradcomp.policies import Chain, FloatingPoint, Integer, Policy
 from gradcomp.rng import mix32
 
 LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
@@ -47,6 +53,7 @@ LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
 }
 # sees (layer name, gradient before compression, mask of non-zero BatchNorm-output gradient or None)
 GradientObserver = Callable[[str, Tensor, Tensor | None], None]
+StepHook = Callable[["Attachment", int], None]  # sees (attachment, step) as each step begins
 Reduce = Callable[[Tensor], Tensor]  # sums a tensor over training processes
 
 
@@ -58,6 +65,8 @@ class LayerState:
     index: int
     stats: LayerStats = field(default_factory=LayerStats)
     refresh: bool = True
+    fitted: bool = False  # refreshed in the last step: its fit is checked when the next one begins
+    backwards: int = 0  # backward passes through the layer in this step
     zeros: Tensor | None = None  # zeros in the compressed gradient (on device, no sync)
     numel: int = 0
     output: Callable[[], Tensor | None] = lambda: None  # weak reference to the last compressed output
@@ -65,7 +74,8 @@ class LayerState:
 
 
 class Attachment:
-    """Handle returned by `attach`: drives the schedule, reports statistics, and detaches."""
+    """Handle returned by `attach`: counts steps and refreshes statistics on the schedule, reports them
+    (`sparsity`, `layer_summary`), calls step hooks, and detaches (`detach`, or leaving a `with` block)."""
 
     def __init__(self, config: CompressionConfig, seed: int) -> None:
         self.config = config
@@ -73,21 +83,100 @@ class Attachment:
         self.layers: list[LayerState] = []
         self.observers: list[GradientObserver] = []
         self.step = 0
+        self._begun = False  # a step has begun
+        self._driven = 0  # begin_step calls: the caller counts the steps
+        self._backward = False  # a backward pass reached the compressed layers since the step began
+        self._step_hooks: list[StepHook] = []
+        self._warned: set[str] = set()
         self._undo: list[Callable[[], None]] = []
+
+    def __enter__(self) -> Attachment:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.detach()
 
     # --- schedule -------------------------------------------------------------------------------------------
     def begin_step(self, step: int, epoch_start: bool = False) -> None:
-        """Call before each training step's backward: decides whether statistics are refreshed."""
+        """Begin training step `step` (call before its forward pass, every step, with increasing steps):
+        the caller counts the steps from then on. Only needed for refresh="epoch" (mark each epoch's first
+        step with `epoch_start`) or to key the random bits to one's own step count."""
+        if self._begun and step <= self.step:
+            self._warn(
+                "repeated step",
+                f"begin_step({step}) after step {self.step}: steps must increase, or the random bits of "
+                "the earlier step are drawn again",
+            )
+        self._driven += 1
+        self._begin(step, epoch_start)
+
+    def _auto_step(self, module: nn.Module, inputs: object) -> None:
+        """Forward pre-hook of the model: a forward pass with gradients after a backward begins a step."""
+        if self._driven or not torch.is_grad_enabled():
+            return
+        if not self._begun:
+            if self.config.refresh == "epoch":
+                self._warn(
+                    "epoch",
+                    "refresh='epoch' needs the epoch boundaries, which the attachment cannot see: "
+                    "statistics are fitted at the first step only; call attachment.begin_step(step, "
+                    "epoch_start=...) before each step",
+                )
+            self._begin(0, epoch_start=True)
+        elif self._backward:
+            self._begin(self.step + 1, epoch_start=False)
+
+    def _begin(self, step: int, epoch_start: bool) -> None:
         refresh = self.config.refresh
         due = (
             refresh == "step"
             or (refresh == "epoch" and epoch_start)
             or (isinstance(refresh, int) and step % refresh == 0)
         )
+        self._refit_unfitted(due)
         plan(self.policy, [layer.stats for layer in self.layers], due)
-        self.step = step
+        self.step, self._begun, self._backward = step, True, False
         for layer in self.layers:
             layer.refresh = layer.refresh or due
+            layer.backwards = 0
+        for hook in list(self._step_hooks):
+            hook(self, step)
+
+    def _refit_unfitted(self, due: bool) -> None:
+        """Layers whose last refresh fitted a non-finite value refresh again (one host sync, only in the
+        step after a refresh that the schedule does not repeat)."""
+        fitted = [layer for layer in self.layers if layer.fitted]
+        for layer in fitted:
+            layer.fitted = False
+        checks = [(layer, values) for layer in fitted if (values := layer.stats.fit())]
+        if due or not checks:
+            return
+        device = checks[0][1][0].device
+        finite = torch.stack(
+            [torch.stack([v.to(device).float() for v in values]).isfinite().all() for _, values in checks]
+        )
+        unfitted = [layer for (layer, _), ok in zip(checks, finite.tolist(), strict=True) if not ok]
+        for layer in unfitted:
+            layer.refresh = True
+        if unfitted:
+            self._warn(
+                "refit",
+                f"{len(unfitted)} layers (e.g. {unfitted[0].name}) fitted nothing finite at step {self.step} "
+                f"(all-zero gradients) and fit again at the next; statistics from the first steps of a new "
+                f"network describe the rest of a refresh={self.config.refresh!r} interval poorly: consider "
+                "warmup_steps (the reference code prunes after half an epoch)",
+            )
+
+    def add_step_hook(self, hook: StepHook) -> Callable[[], None]:
+        """Call `hook(attachment, step)` as each step begins, when the statistics and counts of the step
+        before are complete (e.g. to log `layer_summary()` to one's own logger); returns its remover."""
+        self._step_hooks.append(hook)
+        return lambda: self._step_hooks.remove(hook) if hook in self._step_hooks else None
+
+    def _warn(self, key: str, message: str) -> None:
+        if key not in self._warned:
+            self._warned.add(key)
+            warnings.warn(f"gradcomp.attach: {message}", RuntimeWarning, stacklevel=3)
 
     @property
     def policy(self) -> Policy:
@@ -113,11 +202,21 @@ class Attachment:
             layer.active = None  # this backward's mask is used once
             for observe in self.observers:
                 observe(layer.name, g, active)
+        if count:  # once per layer and backward pass
+            layer.backwards += 1
+            if layer.backwards == 2 and self._driven < 2:
+                self._warn(
+                    "repeated backward",
+                    f"two backward passes through {layer.name} in step {self.step} without a new "
+                    "forward pass or begin_step: the step's statistics and random bits are used again",
+                )
+            self._backward = True
         if not self.active:
             return g
         seed = self._seed(layer, 1 if weight_path else 0)
         out = compress(self.policy, g, layer.stats, layer.refresh, seed, weight_path, active)
         if count:
+            layer.fitted = layer.fitted or layer.refresh
             layer.refresh = False
             zeros = _count_zeros(out)
             layer.zeros = zeros if layer.zeros is None else layer.zeros + zeros
@@ -146,31 +245,33 @@ class Attachment:
 
     def layer_summary(self, total: Reduce | None = None) -> dict[str, dict]:
         """Per layer: achieved sparsity and the elements it was counted over (summed by `total`, as in
-        `sparsity`), this process's fitted (mu, sigma) of ln|g|, threshold, FP scale and format, and the
-        share s0 of zeros at the following BatchNorm's output where the fit excluded them (else None)."""
-        fmt = getattr(self.policy, "format", None)
+        `sparsity`), then this process's statistics from the layer's last refresh (None where the policy has
+        none): the fitted (mu, sigma) of ln|g| over the non-zeros, threshold, FP scale and format, the share
+        s0 of zeros at the following BatchNorm's output where the fit excluded them, heterogeneous pruning's
+        truncation, allocated sparsity and cosine, and for integer policies the gradient's range (max - min)
+        and the activation path's bins (2^bits - 1). A chain reports its first member's statistics (those
+        of the uncompressed gradient) and, under "members", each member's own: a later member's are
+        measured on its predecessor's output (e.g. an FP member's mu and sigma after pruning)."""
         summary = {}
         for layer, (zeros, numel) in zip(self.layers, self._counts(total), strict=True):
-            stats = _leaf_stats(layer.stats)
-            summary[layer.name] = {
-                "sparsity": zeros / numel if numel else None,
-                "elements": int(numel),
-                "mu": _scalar(stats.get("mu")),
-                "sigma": _scalar(stats.get("sigma")),
-                "threshold": _scalar(stats.get("threshold")),
-                "scale": _scalar(stats.get("scale")),
-                "bn_zero_share": _scalar(stats.get("bn_zero_share")),
-                "truncation": _scalar(stats.get("truncation")),
-                "allocated": stats.get("target"),
-                "cosine": _scalar(stats.get("cosine")),
-                "format": fmt,
-            }
+            counts = {"sparsity": zeros / numel if numel else None, "elements": int(numel)}
+            if isinstance(self.policy, Chain):
+                parts = layer.stats.parts or [LayerStats() for _ in self.policy.policies]
+                members = [
+                    {"policy": member.describe(), **_statistics(member, part)}
+                    for member, part in zip(self.policy.policies, parts, strict=True)
+                ]
+                summary[layer.name] = {**counts, **members[0], "members": members}
+                del summary[layer.name]["policy"]
+            else:
+                summary[layer.name] = {**counts, **_statistics(self.policy, layer.stats)}
         return summary
 
     def state_dict(self) -> dict:
         """Statistics, pending refreshes and counts of every layer (for checkpoints)."""
         return {
             "step": self.step,
+            "backward": self._backward,
             "layers": {
                 layer.name: {
                     "stats": _stats_to_dict(layer.stats),
@@ -183,7 +284,7 @@ class Attachment:
         }
 
     def load_state_dict(self, state: dict) -> None:
-        self.step = state["step"]
+        self.step, self._begun, self._backward = state["step"], True, state.get("backward", True)
         for layer in self.layers:
             saved = state["layers"].get(layer.name)
             if saved is not None:
@@ -208,18 +309,34 @@ def _scalar(value: Tensor | None) -> float | None:
     return None if value is None else float(value)
 
 
-def _leaf_stats(stats: LayerStats) -> dict[str, Tensor]:
-    """The statistics of a layer, merged over the members of a chain (later members win)."""
-    merged = {}
-    for part in [stats, *stats.parts]:
-        for key in ("mu", "sigma", "threshold", "scale", "bn_zero_share", "truncation", "target", "cosine"):
-            if getattr(part, key) is not None:
-                merged[key] = getattr(part, key)
-    return merged
+def _statistics(policy: Policy, stats: LayerStats) -> dict[str, object]:
+    """The reported statistics of one (non-chain) policy's layer state."""
+    return {
+        "mu": _scalar(stats.mu),
+        "sigma": _scalar(stats.sigma),
+        "threshold": _scalar(stats.threshold),
+        "scale": _scalar(stats.scale),
+        "bn_zero_share": _scalar(stats.bn_zero_share),
+        "truncation": _scalar(stats.truncation),
+        "allocated": stats.target,
+        "cosine": _scalar(stats.cosine),
+        "format": policy.format if isinstance(policy, FloatingPoint) else None,
+        "range": _scalar(stats.range),
+        "bins": 2**policy.bits - 1 if isinstance(policy, Integer) else None,
+    }
 
 
 # statistics added after the first checkpoints were written (absent from those: the defaults)
-_EXTRA_STATS = ("bn_zero_share", "numel", "truncation", "target", "cosine", "overflow", "clean_steps")
+_EXTRA_STATS = (
+    "bn_zero_share",
+    "numel",
+    "truncation",
+    "target",
+    "cosine",
+    "overflow",
+    "clean_steps",
+    "range",
+)
 
 
 def _stats_to_dict(stats: LayerStats) -> dict:
@@ -336,12 +453,16 @@ def select_layers(
 def attach(model: nn.Module, config: CompressionConfig | Policy | str, seed: int = 0) -> Attachment:
     """Compress the neural gradients of the layers of `model` that `config` selects (see the module doc);
     a policy (or policy string) alone compresses at its own placement, refreshing statistics every step.
+    Attach before wrapping the model (DistributedDataParallel, torch.compile). The returned `Attachment`
+    counts the steps itself (or follows `begin_step`), reports statistics and detaches, also as a context
+    manager: ``with attach(model, "prune:sparsity=0.85") as handle: ...``.
 
     `seed` keys the random bits: each element's depend on (seed, step, layer, stream) only.
     """
     if not isinstance(config, CompressionConfig):
         config = CompressionConfig(policy=config)
     attachment = Attachment(config, seed)
+    attachment._undo.append(model.register_forward_pre_hook(attachment._auto_step).remove)
     for index, (name, module) in enumerate(
         select_layers(model, config.types, config.include, config.exclude)
     ):
