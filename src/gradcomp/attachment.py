@@ -148,8 +148,10 @@ class Attachment:
         fitted = [layer for layer in self.layers if layer.fitted]
         for layer in fitted:
             layer.fitted = False
+        if due:  # every layer refreshes anyway
+            return
         checks = [(layer, values) for layer in fitted if (values := layer.stats.fit())]
-        if due or not checks:
+        if not checks:
             return
         device = checks[0][1][0].device
         finite = torch.stack(

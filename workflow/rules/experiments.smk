@@ -1,15 +1,9 @@
-import re
-
 REPORT = f"{RESULTS}/report"
 # A page per experiment (its figure, caption and tables) and one for SUMMARY.md: the report shows HTML, images
 # and PDFs but only offers other files (CSV, Markdown) for download, and keeps captions in an info pane.
-# The report sorts its categories as text (A1, A10, A2): a two-digit position in natural ID order goes first.
-REPORT_ORDER = sorted(
-    config["experiments"],
-    key=lambda exp: [
-        int(part) if part.isdigit() else part for part in re.split(r"(\d+)", exp)
-    ],
-)
+# The report sorts its categories as text (A1, A10, A2): a two-digit position in the registry's ID order
+# (A1, A2, ..., A10, B1, ...) goes first.
+REPORT_ORDER = [exp for exp in EXPERIMENTS if exp in config["experiments"]]
 REPORT_CATEGORIES = {
     exp: f"{n:02d} {exp}" for n, exp in enumerate(REPORT_ORDER, start=1)
 }
