@@ -6,9 +6,10 @@ import re
 import pytest
 import torch
 
-from gradcomp.analysis.beyond import chain_mass_effects, prune_plus_fp, signed_lognormal
+from gradcomp.analysis.beyond import chain_mass_effects, prune_plus_fp
 from gradcomp.analysis.runs import Run, RunGroup
 from gradcomp.analysis.statquant import unbiased_sampling_variance
+from gradcomp.analysis.synthetic import signed_lognormal
 from gradcomp.experiments import EXPERIMENTS, PruneWithFp, VarianceVsBits
 from gradcomp.policies import parse_policy
 
@@ -60,7 +61,7 @@ def test_pruning_first_keeps_fp5_from_saturating_the_gradient_mass(sigma, alone_
     the |g| mass; pruning to 0.85 first leaves survivors >= alpha, the scale refitted on them is several
     binades smaller and much less mass is saturated or flushed."""
     chain = parse_policy("prune:sparsity=0.85+fp:format=e3m1")
-    effects = chain_mass_effects(chain, signed_lognormal(-14.0, sigma, 2**18, seed=1), seed=1)
+    effects = chain_mass_effects(chain, signed_lognormal(2**18, sigma, mu=-14.0, seed=1), seed=1)
     alone, chained = effects["alone"], effects["chain"]
     lost_alone = alone["saturated_share"] + alone["flushed_share"]
     lost_chain = chained["saturated_share"] + chained["flushed_share"]
@@ -74,7 +75,7 @@ def test_pruning_first_keeps_fp5_from_saturating_the_gradient_mass(sigma, alone_
 
 def test_fp6_alone_loses_little_at_moderate_sigma():
     chain = parse_policy("prune:sparsity=0.85+fp:format=e4m1")
-    alone = chain_mass_effects(chain, signed_lognormal(-14.0, 2.0, 2**18, seed=2), seed=2)["alone"]
+    alone = chain_mass_effects(chain, signed_lognormal(2**18, 2.0, mu=-14.0, seed=2), seed=2)["alone"]
     assert alone["saturated_share"] + alone["flushed_share"] < 0.03
 
 
@@ -123,12 +124,12 @@ def test_x3_caption_names_the_scaling_rule_the_policies_use():
 
 def test_x3_states_the_verdict_of_the_paired_comparison():
     noisy = _x3([0.75, 0.72, 0.78])  # +3 pt on average, but seed-to-seed spread of the difference is large
-    (note,) = noisy.notes
-    assert note.startswith("prune 0.85 + FP5 [1,3,1] vs FP5 [1,3,1]: +3 pt, within noise")
-    assert "do not show" in note and "recovers" not in note
+    (note,) = noisy.findings[1:]
+    assert note.startswith("prune 0.85 + FP5 [1,3,1] vs FP5 [1,3,1]: +3 pt [")
+    assert ", inconclusive (" in note and "do not show" in note and "recovers" not in note
     assert re.search(r"FP5 \[1,3,1\] alone saturates \d+\.\d% ", note)
     rescued = _x3([0.76, 0.77, 0.755])  # +4.5 pt on every seed
-    (note,) = rescued.notes
-    assert "significant" in note and "pruning first recovers accuracy" in note
+    (note,) = rescued.findings[1:]
+    assert ", better (Holm p = " in note and "pruning first recovers accuracy" in note
     rows = {row["arm"]: row for row in rescued.rows("mechanism")}
     assert rows["alone"]["saturated_share"] > 3 * rows["chain"]["saturated_share"]

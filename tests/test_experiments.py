@@ -8,11 +8,13 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gradcomp.analysis.claims import INCONCLUSIVE, REFUTED, SHOWN
 from gradcomp.analysis.runs import load_groups
 from gradcomp.analysis.tables import Record, write_result
+from gradcomp.analysis.verdicts import VERDICTS
 from gradcomp.config import resolve_config
-from gradcomp.experiments import experiments
-from gradcomp.pipeline import experiment_reads, run_spec, seeds
+from gradcomp.experiments import CLAIMS, experiments
+from gradcomp.pipeline import check_config, experiment_reads, run_spec, seeds
 from gradcomp.plots.style import save_figure
 from gradcomp.train import train
 
@@ -33,10 +35,29 @@ def test_settings_round_trip_from_every_shipped_config(path):
         assert all(run in config["runs"] for run in reads) and (bool(reads) != (experiment_id == "A4"))
 
 
-def test_every_experiment_has_its_two_steps():
+def test_every_experiment_has_its_two_steps_and_every_claim_an_experiment():
     for experiment in experiments().values():
         assert callable(experiment.compute) and callable(experiment.draw), experiment.id
-        assert experiment.claim and experiment.title
+        assert experiment.title
+    assert CLAIMS and all(claim.experiment in experiments() and claim.text for claim in CLAIMS.values())
+
+
+def test_the_schema_names_exactly_the_registered_experiments():
+    schema = yaml.safe_load((ROOT / "workflow" / "schemas" / "config.schema.yaml").read_text())
+    assert schema["properties"]["experiments"]["propertyNames"]["enum"] == list(experiments())
+
+
+def test_optional_runs_are_left_out_only_where_the_settings_name_them():
+    config = yaml.safe_load((ROOT / "tests" / "pipeline_tiny.yaml").read_text())
+    assert "fp_e4m1_later" not in config["runs"]  # named by A5, optional, not trained
+    assert "fp_e4m1_later" not in experiment_reads(config, "A5")
+    config["experiments"]["A5"]["optional"] = []
+    with pytest.raises(ValueError, match=r"experiments.A5: runs \['fp_e4m1_later'\] are not defined"):
+        check_config(config)
+    with pytest.raises(ValueError, match=r"experiments.A5.optional: \['nope'\] are not among the runs"):
+        experiments()["A5"].params.from_config(
+            {"baseline": "b", "runs": ["a"], "optional": ["nope"]}, "experiments.A5"
+        )
 
 
 @pytest.mark.parametrize(
@@ -162,8 +183,11 @@ def test_every_experiment_computes_and_draws_from_its_own_numbers(tmp_path, tiny
     prefix = tmp_path / experiment.prefix
     record = write_result(result, experiment.id, experiment.title, prefix)
     assert record.rows() and record.caption and record.id == experiment_id
-    for row in record.comparisons:  # untested only where the arms share a single seed
-        assert row["verdict"] in ("significant", "within noise") or row["seeds"] < 2, row
+    for row in record.comparisons:  # exactly one verdict each
+        assert row["verdict"] in VERDICTS, row
+    decided = {row["claim"]: row["status"] for row in record.claims}
+    assert set(decided) == {claim.id for claim in experiment.claims}  # each claim of its experiment
+    assert set(decided.values()) <= {SHOWN, REFUTED, INCONCLUSIVE}
     paths = save_figure(experiment.draw(Record.load(prefix.with_suffix(".json"))), record.title, prefix)
     for path in [*paths, prefix.with_suffix(".csv"), prefix.with_suffix(".md")]:
         assert path.stat().st_size > 0

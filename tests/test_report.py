@@ -11,7 +11,7 @@ import pytest
 import yaml
 from helpers import run_snakemake
 
-from gradcomp.experiments import experiments
+from gradcomp.experiments import CLAIMS, experiments
 from gradcomp.page import markdown_html, write_page
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -69,10 +69,11 @@ def test_pages_show_the_caption_figure_and_tables_and_the_summary_the_papers_cla
     html, _, results = report
     page = _content(results, "results/default/report/A5_fp_formats.html")
     caption = json.loads((ROOT / "figures/default/A5_fp_formats.json").read_text())["caption"]
-    assert "data:image/png;base64," in page and "<th>accuracy_ci_low</th>" in page
+    assert "data:image/png;base64," in page and "<th>difference [95 % CI]</th>" in page
     assert markdown_html(caption) in page
     summary = _content(results, "results/default/report/SUMMARY.html")
-    assert summary.count("<strong>Papers:</strong>") == len(DEFAULT_IDS)
+    assert "<h2>The papers' claims</h2>" in summary
+    assert all(f"<td>{claim} (" in summary for claim in CLAIMS)
     assert "gradcomp draw" in html and "gradcomp figure" not in html  # the workflow description
 
 

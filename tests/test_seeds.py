@@ -1,4 +1,5 @@
-"""Numbers over seeds: estimates and paired comparisons against scipy, and where the verdict flips."""
+"""Numbers over seeds and verdicts: estimates and paired tests against scipy, bounded intervals, TOST, Holm,
+power, and which verdict each kind of difference gets."""
 
 import math
 
@@ -6,10 +7,27 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from gradcomp.analysis.seeds import SIGNIFICANT, UNTESTED, WITHIN_NOISE, Estimate, compare, holm
+from gradcomp.analysis.claims import INCONCLUSIVE as OPEN
+from gradcomp.analysis.claims import REFUTED, SHOWN, differs, equivalent
+from gradcomp.analysis.seeds import CORRELATION, FRACTION, POSITIVE, Estimate, PerSeed, spearman
+from gradcomp.analysis.verdicts import (
+    BETTER,
+    EQUIVALENT,
+    INCONCLUSIVE,
+    WORSE,
+    Comparison,
+    Pair,
+    compare,
+    holm,
+    minimum_detectable_effect,
+    one_sample,
+    seeds_for_equivalence,
+    summarise,
+    tost_power,
+)
 
 
-def test_estimate_matches_scipy():
+def test_estimate_matches_scipy_and_round_trips_through_its_columns():
     values = [0.812, 0.845, 0.791, 0.833]
     estimate = Estimate.of(values)
     low, high = stats.t.interval(0.95, len(values) - 1, loc=np.mean(values), scale=stats.sem(values))
@@ -17,62 +35,140 @@ def test_estimate_matches_scipy():
     assert estimate.sd == pytest.approx(np.std(values, ddof=1))
     assert (estimate.ci_low, estimate.ci_high) == pytest.approx((low, high))
     assert estimate.n == 4
-    assert estimate.columns("accuracy") == {
-        "accuracy_mean": estimate.mean,
-        "accuracy_sd": estimate.sd,
-        "accuracy_ci_low": estimate.ci_low,
-        "accuracy_ci_high": estimate.ci_high,
-    }
+    row = {"run": "a", **estimate.columns("accuracy"), "seeds": 4}
+    assert Estimate.names(row) == ["accuracy"]
+    assert Estimate.read(row, "accuracy") == estimate and Estimate.read(row, "sparsity") is None
 
 
 def test_estimate_of_one_value_has_no_spread_and_none_is_nan():
     one = Estimate.of([0.5])
-    assert one.mean == 0.5 and one.n == 1
-    assert math.isnan(one.sd) and math.isnan(one.ci_low) and math.isnan(one.ci_high)
+    assert one.mean == 0.5 and one.n == 1 and one.interval is None
+    assert math.isnan(one.sd) and one.text() == "0.5 (1 seed)"
     assert Estimate.of([]).n == 0 and math.isnan(Estimate.of([]).mean)
     assert Estimate.of([1.0, None, 3.0]).n == 2  # a missing value (None) is left out
+
+
+@pytest.mark.parametrize(
+    ("bounds", "values"),
+    [
+        (FRACTION, [0.99, 0.999, 0.95]),  # a linear interval would pass 1
+        (FRACTION, [0.01, 0.002, 0.05]),  # ... or 0
+        (CORRELATION, [0.9, 0.99, 0.2]),
+        (POSITIVE, [1e-3, 1e-2, 1e-1]),  # a variance: a linear interval would go negative
+    ],
+)
+def test_bounded_intervals_stay_inside_their_bounds_and_hold_the_mean(bounds, values):
+    linear = Estimate.of(values)
+    bounded = Estimate.of(values, bounds)
+    assert not (bounds.low <= linear.ci_low and linear.ci_high <= bounds.high)
+    assert bounds.low <= bounded.ci_low <= bounded.mean <= bounded.ci_high <= bounds.high
+    assert bounded.mean == pytest.approx(linear.mean)
+
+
+def test_per_seed_record_aggregates_each_row_over_its_seeds():
+    record = PerSeed(("layer",), {"sparsity": FRACTION})
+    for seed, (a, b) in enumerate([(0.8, 0.5), (0.82, 0.52), (0.84, None)]):
+        record.add(seed, {"layer": "a"}, sparsity=a)
+        record.add(seed, {"layer": "b"}, sparsity=b)
+    first, second = record.rows()
+    assert (first["layer"], first["seeds"], second["seeds"]) == ("a", 3, 2)
+    assert first["sparsity_mean"] == pytest.approx(0.82) and second["sparsity_n"] == 2
+    assert record.values({"layer": "b"}, "sparsity") == {0: 0.5, 1: 0.52}
 
 
 def test_paired_comparison_matches_scipy_ttest_rel():
     a = {0: 0.851, 1: 0.823, 2: 0.862, 3: 0.840}
     b = {0: 0.832, 1: 0.811, 2: 0.835, 3: 0.833}
-    (comparison,) = compare([(("a", a), ("b", b))])
+    (comparison,) = compare([Pair("a", "b", a, b)])
     reference = stats.ttest_rel([a[s] for s in sorted(a)], [b[s] for s in sorted(a)])
     interval = reference.confidence_interval(0.95)
     assert comparison.p == pytest.approx(reference.pvalue)
     assert comparison.p_holm == pytest.approx(reference.pvalue)  # one comparison: nothing to adjust
     assert (comparison.ci_low, comparison.ci_high) == pytest.approx((100 * interval.low, 100 * interval.high))
     assert comparison.difference == pytest.approx(100 * np.mean([a[s] - b[s] for s in a]))
-    assert (comparison.seeds, comparison.unit) == (4, "pt")
+    assert (comparison.seeds, comparison.unit, comparison.agree) == (4, "pt", 4)
 
 
 def test_arms_are_paired_on_the_seeds_they_share():
     a = {0: 0.80, 1: 0.82, 2: 0.81, 3: 0.90}
     b = {1: 0.80, 2: 0.80, 3: 0.85, 4: 0.10}
-    (comparison,) = compare([(("a", a), ("b", b))], scale=1.0, unit="")
+    (comparison,) = compare([Pair("a", "b", a, b, factor=1.0, unit="")])
     assert comparison.seeds == 3
     assert comparison.difference == pytest.approx(np.mean([0.02, 0.01, 0.05]))
 
 
-def test_the_verdict_flips_with_the_noise():
-    steady = {seed: 0.80 for seed in range(3)}
-    better = {seed: 0.82 + 0.001 * seed for seed in range(3)}  # +2 pt on every seed
-    noisy = {0: 0.86, 1: 0.77, 2: 0.83}  # +2 pt on average, spread of several points
-    found, missed = compare(
-        [(("better", better), ("steady", steady)), (("noisy", noisy), ("steady", steady))]
+def test_tost_matches_two_one_sided_t_tests():
+    a = {s: 0.80 + d for s, d in enumerate([0.002, -0.004, 0.003, 0.001, -0.002, 0.0, 0.004, -0.001])}
+    b = dict.fromkeys(range(8), 0.80)
+    (comparison,) = compare([Pair("a", "b", a, b, margin=1.0)])
+    differences = 100 * (np.array([a[s] for s in range(8)]) - 0.80)
+    upper = stats.ttest_1samp(differences, -1.0, alternative="greater").pvalue
+    lower = stats.ttest_1samp(differences, 1.0, alternative="less").pvalue
+    assert comparison.p_tost == pytest.approx(max(upper, lower))
+    assert comparison.verdict == EQUIVALENT and "equivalent within ±1 pt" in comparison.statement
+
+
+def test_each_kind_of_difference_gets_its_verdict():
+    base = dict.fromkeys(range(8), 0.80)
+    shift = [0.001, -0.002, 0.002, 0.0, 0.001, -0.001, 0.002, -0.001]
+    same = {s: 0.80 + d for s, d in enumerate(shift)}  # within ±0.2 pt on every seed
+    lower = {s: 0.75 + d for s, d in enumerate(shift)}  # -5 pt on every seed
+    noisy = {s: 0.80 + (0.05 if s % 2 else -0.06) for s in range(8)}  # spread of 5 pt
+    found = compare(
+        [
+            Pair("same", "base", same, base, margin=1.0),
+            Pair("lower", "base", lower, base, margin=1.0),
+            Pair("noisy", "base", noisy, base, margin=1.0),
+            Pair("variance", "base", lower, base, higher_is_better=False),  # lower is better here
+        ]
     )
-    assert found.verdict == SIGNIFICANT and "significant" in found.statement
-    assert missed.verdict == WITHIN_NOISE and found.difference == pytest.approx(missed.difference, abs=0.2)
-    assert missed.statement.startswith("noisy vs steady: +2 pt, within noise (±")
-    (single,) = compare([(("a", {0: 0.9}), ("b", {0: 0.8}))])
-    assert single.verdict == UNTESTED and math.isnan(single.p)
+    assert [c.verdict for c in found] == [EQUIVALENT, WORSE, INCONCLUSIVE, BETTER]
+    noisy_comparison = found[2]
+    assert noisy_comparison.seeds_needed > 8 and noisy_comparison.mde > 1.0
+    assert (
+        f"about {noisy_comparison.seeds_needed} seeds would decide it at ±1 pt" in noisy_comparison.statement
+    )
+    assert "4 of 8 seeds lower" in noisy_comparison.statement
 
 
-def test_identical_differences_on_every_seed_are_significant_and_identical_arms_are_not():
-    same = {seed: 0.8 for seed in range(3)}
-    shifted = {seed: 0.81 for seed in range(3)}
-    shift, nothing = compare([(("shifted", shifted), ("same", same)), (("same", same), ("same", same))])
-    assert shift.verdict == SIGNIFICANT and nothing.verdict == WITHIN_NOISE
+def test_a_small_significant_difference_inside_the_margin_is_equivalent():
+    base = dict.fromkeys(range(8), 0.80)
+    small = {s: 0.797 + 0.0002 * (s % 2) for s in range(8)}  # -0.3 pt on every seed
+    (comparison,) = compare([Pair("small", "base", small, base, margin=1.0)])
+    assert comparison.p < 0.001 and comparison.verdict == EQUIVALENT
+
+
+def test_a_missed_target_is_worse_on_either_side():
+    over = one_sample(
+        "over", {s: 0.9 + 0.001 * s for s in range(4)}, 0.85, margin=0.01, higher_is_better=None
+    )
+    under = one_sample(
+        "under", {s: 0.8 + 0.001 * s for s in range(4)}, 0.85, margin=0.01, higher_is_better=None
+    )
+    on = one_sample(
+        "on", {s: 0.85 + 0.001 * (s - 1.5) for s in range(4)}, 0.85, margin=0.01, higher_is_better=None
+    )
+    assert [c.verdict for c in compare([over, under, on])] == [WORSE, WORSE, EQUIVALENT]
+
+
+def test_one_seed_is_inconclusive_without_an_interval():
+    (single,) = compare([Pair("a", "b", {0: 0.9}, {0: 0.8}, margin=1.0)])
+    assert (
+        single.verdict == INCONCLUSIVE and math.isnan(single.p) and single.interval == "no interval (1 seed)"
+    )
+
+
+def test_the_holm_adjustment_turns_a_lone_significant_difference_inconclusive_among_many():
+    base = {seed: 0.80 for seed in range(4)}
+    arm = {0: 0.82, 1: 0.815, 2: 0.83, 3: 0.812}
+    (alone,) = compare([Pair("arm", "base", arm, base)])
+    assert 0.005 < alone.p < 0.05 and alone.verdict == BETTER
+    nulls = [
+        Pair(f"null{i}", "base", {s: 0.80 + 0.01 * ((s + i) % 2) for s in range(4)}, base) for i in range(20)
+    ]
+    crowded = compare([Pair("arm", "base", arm, base), *nulls])[0]
+    assert crowded.p == pytest.approx(alone.p) and crowded.p_holm > 0.05 and crowded.tests == 21
+    assert crowded.verdict == INCONCLUSIVE
 
 
 def test_holm_adjustment():
@@ -82,16 +178,56 @@ def test_holm_adjustment():
     assert holm([0.6, 0.9]) == pytest.approx([1.0, 1.0])  # capped at 1
 
 
-def test_each_comparison_is_tested_on_its_own_and_its_holm_adjustment_is_reported():
-    """Among many null comparisons a difference stays significant on its own test, and its statement
-    gives the Holm-adjusted p-value over all of them (here above 0.05)."""
-    base = {seed: 0.80 for seed in range(4)}
-    arm = {0: 0.82, 1: 0.815, 2: 0.83, 3: 0.812}
-    (alone,) = compare([(("arm", arm), ("base", base))])
-    assert 0.005 < alone.p < 0.05 and alone.verdict == SIGNIFICANT
-    nulls = [
-        ((f"null{i}", {s: 0.80 + 0.01 * ((s + i) % 2) for s in range(4)}), ("base", base)) for i in range(20)
-    ]
-    crowded = compare([(("arm", arm), ("base", base)), *nulls])[0]
-    assert crowded.p == pytest.approx(alone.p) and crowded.verdict == SIGNIFICANT
-    assert crowded.p_holm > 0.05 and crowded.tests == 21 and "after Holm over 21" in crowded.statement
+def test_power_of_the_paired_t_test_and_the_tost():
+    """With 3 seeds the paired t-test finds 3.26 paired sds with 80 % power; the TOST's power at the seeds
+    it asks for reaches 80 % (checked by simulation)."""
+    assert minimum_detectable_effect(3, 1.0) == pytest.approx(3.264, abs=0.01)
+    assert minimum_detectable_effect(8, 2.0) == pytest.approx(2 * minimum_detectable_effect(8, 1.0))
+    n = seeds_for_equivalence(1.0, 1.0)
+    assert tost_power(n, 1.0) >= 0.8 > tost_power(n - 1, 1.0)
+    generator = np.random.default_rng(0)
+    draws = generator.normal(0.0, 1.0, (20_000, n))
+    mean, se = draws.mean(1), draws.std(1, ddof=1) / math.sqrt(n)
+    t = stats.t.ppf(0.95, n - 1)
+    simulated = np.mean(((mean + 1) / se > t) & ((mean - 1) / se < -t))
+    assert simulated == pytest.approx(tost_power(n, 1.0), abs=0.02)
+
+
+def test_spearman_interval_stays_inside_minus_one_to_one():
+    rho, low, high, n = spearman([1, 2, 3, 4, 5, 6], [1, 2, 3, 4, 6, 5])
+    assert n == 6 and -1 <= low < rho < high <= 1
+    assert math.isnan(spearman([1, 2, 3], [3, 2, 1])[0])
+
+
+def test_a_comparison_reads_back_from_its_row_and_sentences_group_by_verdict():
+    base = dict.fromkeys(range(4), 0.8)
+    comparisons = compare(
+        [
+            Pair("a", "fp32", {s: 0.8 + 0.001 * s for s in range(4)}, base, margin=1.0),
+            Pair("b", "fp32", {s: 0.6 + 0.001 * s for s in range(4)}, base, margin=1.0),
+        ]
+    )
+    row = {**comparisons[0].row(), "ci_low": None}  # JSON writes NaN as null
+    assert math.isnan(Comparison.from_row(row).ci_low)
+    sentence = summarise(comparisons)
+    assert (
+        sentence.startswith("against fp32: equivalent within ±1 pt: a (")
+        and "; worse: b (-19.9 pt" in sentence
+    )
+
+
+def test_claims_follow_the_verdicts_of_their_comparisons():
+    base = dict.fromkeys(range(4), 0.8)
+    same, lost, noisy = compare(
+        [
+            Pair("same", "base", {s: 0.8 + 0.001 * s for s in range(4)}, base, margin=1.0),
+            Pair("lost", "base", {s: 0.7 + 0.001 * s for s in range(4)}, base, margin=1.0),
+            Pair("noisy", "base", {0: 0.7, 1: 0.9, 2: 0.75, 3: 0.85}, base, margin=1.0),
+        ]
+    )
+    assert equivalent("X", [same]).status == SHOWN
+    assert equivalent("X", [same, lost]).status == REFUTED
+    assert equivalent("X", [same, noisy]).status == OPEN
+    assert differs("X", [lost], WORSE).status == SHOWN and differs("X", [same], WORSE).status == REFUTED
+    decision = equivalent("X", [same])
+    assert decision.seeds == "4 seeds" and "same vs base: +0.15 pt" in decision.evidence

@@ -103,9 +103,9 @@ def _compute(args: argparse.Namespace) -> None:
     np.random.seed(0)  # anything drawing from numpy's global generator: same inputs, same numbers
     result = experiment.compute(settings, groups)
     record = write_result(result, experiment.id, experiment.title, Path(args.out_dir) / experiment.prefix)
-    print(f"{experiment.prefix}: {json.dumps(record.headline)}")
-    for comparison in record.comparisons:
-        print(f"  {comparison['statement']}")
+    print(f"{experiment.prefix}:")
+    for line in [*record.findings, *(comparison["statement"] for comparison in record.comparisons)]:
+        print(f"  {line}")
 
 
 def _draw(args: argparse.Namespace) -> None:

@@ -19,7 +19,7 @@ import importlib
 import types
 import typing
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from gradcomp.formats import parse_format
@@ -30,9 +30,11 @@ ALL = "all"  # `runs: all`: every run of the config
 # --- settings -----------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
 class Params:
-    """Settings of an experiment. Subclasses add fields; `runs_read` says which training runs they name."""
+    """Settings of an experiment. Subclasses add fields and say which training runs they name
+    (`named_runs`); `optional` lists named runs the experiment does without where the config lacks them."""
 
     reads_checkpoints: ClassVar[bool] = False  # measures gradients of trained models (reads chosen seeds)
+    optional: tuple[str, ...] = field(default=(), kw_only=True)
 
     @classmethod
     def from_config(cls, section: Mapping[str, Any], where: str) -> Params:
@@ -55,17 +57,29 @@ class Params:
         if missing:
             raise ValueError(f"{where}: missing settings {missing}")
         try:
-            return cls(**values)
+            settings = cls(**values)
         except ValueError as error:
             raise ValueError(f"{where}: {error}") from None
+        unnamed = sorted(set(settings.optional) - set(settings.named_runs(list(settings.optional))))
+        if unnamed:
+            raise ValueError(f"{where}.optional: {unnamed} are not among the runs the experiment names")
+        return settings
 
     def to_config(self) -> dict[str, Any]:
         """The settings as plain config values (lists for tuples): `from_config` reads them back."""
         return {f.name: _plain(getattr(self, f.name)) for f in dataclasses.fields(self)}
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
-        """The training runs this experiment reads, in order, without repeats."""
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
+        """Every training run the settings name, in order, without repeats."""
         return []
+
+    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+        """The training runs this experiment reads: those named, less optional ones the config lacks."""
+        return [run for run in self.named_runs(all_runs) if run in all_runs or run not in self.optional]
+
+    def present(self, names: Sequence[str], runs: Mapping[str, Any]) -> list[Any]:
+        """The groups of `runs` (name -> RunGroup) named in `names`, less optional runs not trained."""
+        return [runs[name] for name in dict.fromkeys(names) if name in runs or name not in self.optional]
 
 
 def _plain(value: Any) -> Any:
@@ -125,10 +139,20 @@ def _describe(hint: Any) -> str:
 
 @dataclass(frozen=True)
 class Compare(Params):
-    """Runs whose final accuracies are compared, every seed of each, `baseline` the uncompressed run."""
+    """Runs whose final accuracies are compared, every seed of each, `baseline` the uncompressed run; accuracy
+    differences within `margin` points count as equivalent; `claim` names the arm whose comparison with the
+    baseline decides the papers' claim the experiment tests (None: it tests none)."""
 
     runs: tuple[str, ...]
     baseline: str | None = None
+    margin: float = 1.0
+    claim: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.margin > 0:
+            raise ValueError(f"margin must be positive, got {self.margin}")
+        if self.claim is not None and self.claim not in self.runs:
+            raise ValueError(f"claim: {self.claim!r} is not among runs")
 
     @property
     def baselines(self) -> tuple[str, ...]:
@@ -137,18 +161,19 @@ class Compare(Params):
             return ()
         return (self.baseline,) if isinstance(self.baseline, str) else tuple(self.baseline)
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         return list(dict.fromkeys([*self.baselines, *self.runs]))
 
 
 @dataclass(frozen=True)
 class CompareWithinModels(Compare):
-    """A5, A8: runs of one or several models; `baseline` names the uncompressed run of each model (one name,
-    or a list), and every arm is compared with the one of its own model (same model, options and stem)."""
+    """A5, A8: runs of one or several models; `baseline` names the uncompressed run of each model and scale
+    (one name, or a list), and every arm is compared with the one of its own model and training scale."""
 
     baseline: str | tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if not self.baselines:
             raise ValueError("missing settings ['baseline'] (the uncompressed run of each model)")
 
@@ -161,7 +186,7 @@ class AtCheckpoint(Params):
     run: str
     seeds: tuple[int, ...] | None = None
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         return [self.run]
 
 
@@ -172,12 +197,15 @@ class AcrossModels(AtCheckpoint):
 
     models: tuple[str, ...] = ()
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         return list(dict.fromkeys([self.run, *self.models]))
 
 
 @dataclass(frozen=True)
 class GoodnessOfFit(AcrossModels):
+    """A2: the families fitted to |g|; the claim holds where the lognormal fits better than each of the
+    `light_tailed` families on every model."""
+
     distributions: tuple[str, ...] = (
         "lognormal",
         "halfnormal",
@@ -186,6 +214,12 @@ class GoodnessOfFit(AcrossModels):
         "loglaplace",
         "loglogistic",
     )
+    light_tailed: tuple[str, ...] = ("halfnormal", "exponential")
+
+    def __post_init__(self) -> None:
+        missing = sorted(set(self.light_tailed) - set(self.distributions))
+        if "lognormal" not in self.distributions or missing:
+            raise ValueError(f"distributions must hold lognormal and every light_tailed family {missing}")
 
 
 @dataclass(frozen=True)
@@ -207,6 +241,8 @@ class FpTheory(Params):
     sigmas: tuple[float, ...] = (1.0, 2.0, 3.0, 4.0)
     monte_carlo: int = 200_000  # samples of each Monte-Carlo check
     seeds: tuple[int, ...] = (0, 1, 2)  # one Monte-Carlo estimate per seed
+    # the claim's FP4 format is predicted for the measured gradients' spread: sigma2 from here up
+    gradient_sigma2: tuple[float, float] = (2.0, 4.0)
 
     def __post_init__(self) -> None:
         for name in self.formats:
@@ -218,15 +254,23 @@ class FpTheory(Params):
 
 @dataclass(frozen=True)
 class Scaling(Params):
-    """A6: a global-scale sweep and other scaling rules for one format; splits of one bit budget."""
+    """A6: per model (`baseline`: each model's uncompressed run) and format, one fixed global scale per run
+    (`sweep`) and the other scaling rules (`rules`) against the per-layer mean rule of the same model and
+    format; splits of one bit budget between exponent and mantissa (`splits`)."""
 
-    baseline: str
-    rules: tuple[str, ...]  # the format with each per-layer or dynamic rule (the first: the reference rule)
-    sweep: tuple[str, ...]  # the same format with one fixed global scale each
+    baseline: str | tuple[str, ...]
+    # per-layer and dynamic rules; each model and format's per-layer mean rule among them
+    rules: tuple[str, ...]
+    sweep: tuple[str, ...]  # fixed global scales
     splits: tuple[str, ...]  # the same bits split differently between exponent and mantissa
+    margin: float = 1.0
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
-        return list(dict.fromkeys([self.baseline, *self.rules, *self.sweep, *self.splits]))
+    @property
+    def baselines(self) -> tuple[str, ...]:
+        return (self.baseline,) if isinstance(self.baseline, str) else tuple(self.baseline)
+
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
+        return list(dict.fromkeys([*self.baselines, *self.rules, *self.sweep, *self.splits]))
 
 
 @dataclass(frozen=True)
@@ -243,8 +287,18 @@ class FailurePairs(Params):
     # the predicted failure: more of the non-zero values clipped, or flushed to zero, than these shares
     max_clipped: float = 0.01
     max_flushed: float = 0.99
+    # the thresholds tried for their sensitivity; the pair that agrees best on `fit_on`'s model (default:
+    # the first baseline's) is then tested on the other models
+    clipped_grid: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1)
+    flushed_grid: tuple[float, ...] = (0.5, 0.9, 0.99, 0.999)
+    fit_on: str | None = None
+    margin: float = 1.0  # accuracy points: a run within it of fp32 trains, one significantly below fails
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def __post_init__(self) -> None:
+        if self.fit_on is not None and self.fit_on not in self.baselines:
+            raise ValueError(f"fit_on: {self.fit_on!r} is not among baselines")
+
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         paired = [run for pair in self.pairs for run in pair]
         return list(dict.fromkeys([*self.baselines, *paired, *self.arms]))
 
@@ -261,12 +315,20 @@ class SyntheticSparsity(Params):
 @dataclass(frozen=True)
 class Calibration(Params):
     """A7: target vs achieved sparsity, on synthetic lognormal gradients and in training runs (of one model
-    or several, each pruned at its own compression points)."""
+    or several, each pruned at its own compression points); an achieved sparsity within `margin` of its
+    target is on target; `claim` names the lognormal runs that decide the papers' claim."""
 
     runs: tuple[str, ...]
     synthetic: SyntheticSparsity = SyntheticSparsity()
+    margin: float = 0.01
+    claim: tuple[str, ...] = ()
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def __post_init__(self) -> None:
+        outside = sorted(set(self.claim) - set(self.runs))
+        if outside:
+            raise ValueError(f"claim: {outside} are not among runs")
+
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         return list(self.runs)
 
 
@@ -276,8 +338,9 @@ class Heterogeneous(Params):
 
     constrained: str
     homogeneous: tuple[str, ...]
+    margin: float = 1.0
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         return list(dict.fromkeys([self.constrained, *self.homogeneous]))
 
 
@@ -292,17 +355,19 @@ class BinUsage(AtCheckpoint):
 class VarianceVsBits(AtCheckpoint):
     """B2. `batches` x `draws` FQT gradients per (bits, scheme) give the quantization variance;
     `sampling_batches` QAT gradients (one pass each, far cheaper) give the unbiased minibatch sampling
-    variance and its standard error; the first `batches` of them are the quantization draws' batches."""
+    variance and its standard error; the first `batches` of them are the quantization draws' batches. A
+    scheme's variance falls by 4 per bit where ln(its per-bit factor / 4) is within `per_bit_margin`."""
 
     bits: tuple[int, ...] = (4, 5, 6, 7, 8)
     batches: int = 4
     draws: int = 2
     sampling_batches: int = 16
     weight_bits: int | None = None  # None: the swept bits on the weight path too
+    per_bit_margin: float = 0.25
 
     def __post_init__(self) -> None:
-        if not self.bits:
-            raise ValueError("bits must name at least one bit width")
+        if len(self.bits) < 2:
+            raise ValueError("bits must name at least two bit widths (the per-bit factor is a slope)")
         if self.batches < 1 or self.draws < 1:
             raise ValueError(f"batches and draws must be at least 1, got {self.batches} and {self.draws}")
         if self.sampling_batches < 2:
@@ -314,19 +379,29 @@ class VarianceVsBits(AtCheckpoint):
 
 @dataclass(frozen=True)
 class Unbiasedness(AtCheckpoint):
+    """B3; an unbiased quantizer's error falls with log-log slope -1/2 in the draws, within `slope_margin`."""
+
     bits: int = 4
     draws: int = 64
+    slope_margin: float = 0.1
 
 
 @dataclass(frozen=True)
 class FqtAccuracy(Params):
-    """B4: exact, QAT and FQT (int policy + the same forward quantization) runs."""
+    """B4: exact, QAT and FQT (int policy + the same forward quantization) runs; `claim`: the FQT run whose
+    comparison with QAT decides the papers' claim, within `margin` points."""
 
     exact: str
     qat: str
     runs: tuple[str, ...]
+    margin: float = 1.0
+    claim: str | None = None
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def __post_init__(self) -> None:
+        if self.claim is not None and self.claim not in self.runs:
+            raise ValueError(f"claim: {self.claim!r} is not among runs")
+
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         return list(dict.fromkeys([self.exact, self.qat, *self.runs]))
 
 
@@ -336,8 +411,9 @@ class EveryRun(Params):
 
     runs: tuple[str, ...] | Literal["all"] = ALL
     baseline: str | None = None
+    margin: float = 1.0
 
-    def runs_read(self, all_runs: Sequence[str]) -> list[str]:
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         named = list(all_runs) if self.runs == ALL else list(self.runs)
         return list(dict.fromkeys([*([self.baseline] if self.baseline else []), *named]))
 
@@ -352,6 +428,7 @@ class PruneWithFp(Compare):
     seed: int = 0
 
     def __post_init__(self) -> None:
+        super().__post_init__()
         if self.elements < 1024:
             raise ValueError(f"elements must be at least 1024, got {self.elements}")
 
@@ -365,6 +442,17 @@ class RangePredictor(AtCheckpoint):
 
 # --- the registry -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Claim:
+    """A verified claim of one of the two papers (from the reference digests: abstracts, theorems, the
+    authors' code; no table values were available), decided by the experiment `experiment`."""
+
+    id: str
+    experiment: str
+    paper: str
+    text: str
+
+
+@dataclass(frozen=True)
 class Experiment:
     """One experiment: `compute` is gradcomp.analysis.<stage>.<slug>, `draw` gradcomp.plots.<stage>.<slug>."""
 
@@ -373,12 +461,16 @@ class Experiment:
     stage: str
     title: str
     params: type[Params]
-    claim: str  # what the papers verifiably claim (SUMMARY.md), or "(beyond the papers)"
 
     @property
     def prefix(self) -> str:
         """Every output file of the experiment is figures/<config>/<prefix>.<extension>."""
         return f"{self.id}_{self.slug}"
+
+    @property
+    def claims(self) -> list[Claim]:
+        """The papers' claims this experiment decides."""
+        return [claim for claim in CLAIMS.values() if claim.experiment == self.id]
 
     def settings(self, config: Mapping[str, Any]) -> Params:
         """The experiment's settings from a pipeline config (its section under `experiments`)."""
@@ -396,163 +488,222 @@ class Experiment:
 COMPUTED = ("json", "csv", "md")  # what the compute step writes
 DRAWN = ("png", "pdf")  # what the draw step writes
 EXPERIMENTS: dict[str, Experiment] = {}
+CLAIMS: dict[str, Claim] = {}
+LOGNORMAL = "Chmiel et al., ICLR 2021"
+STATQUANT = "Chen et al., NeurIPS 2020"
 
 
-def register(*args: Any) -> None:
-    experiment = Experiment(*args)
-    EXPERIMENTS[experiment.id] = experiment
+def register(
+    *,
+    id: str,
+    slug: str,
+    stage: str,
+    title: str,
+    params: type[Params],
+    claims: Mapping[str, tuple[str, str]] | None = None,
+) -> None:
+    """Add an experiment; `claims`: claim ID -> (paper, claim) for each verified claim it decides."""
+    EXPERIMENTS[id] = Experiment(id, slug, stage, title, params)
+    for claim, (paper, text) in (claims or {}).items():
+        CLAIMS[claim] = Claim(claim, id, paper, text)
 
 
 register(
-    "A1",
-    "gradient_histograms",
-    "distributions",
-    "Neural gradients are near-lognormal",
-    AcrossModels,
-    "Neural-gradient magnitudes are heavy-tailed and near-lognormal (ln|g| close to Gaussian); weights and "
-    "activations are light-tailed and bell-shaped (Chmiel et al., abstract).",
+    id="A1",
+    slug="gradient_histograms",
+    stage="distributions",
+    title="Neural gradients are near-lognormal",
+    params=AcrossModels,
 )
 register(
-    "A2",
-    "goodness_of_fit",
-    "distributions",
-    "Goodness of fit: |g| against lognormal and alternatives",
-    GoodnessOfFit,
-    "Gradients are 'near-lognormal' (ICLR title): close to, not exactly, lognormal; the KS table values were "
-    "not available, and the reference code's KS procedure is only meaningful on ln|g| (digest section 2.3).",
+    id="A2",
+    slug="goodness_of_fit",
+    stage="distributions",
+    title="Goodness of fit: |g| against lognormal and alternatives",
+    params=GoodnessOfFit,
+    claims={
+        "L1": (
+            LOGNORMAL,
+            "Neural-gradient magnitudes are heavy-tailed and near-lognormal: a lognormal fits them better "
+            "than light-tailed (Gaussian, Laplace) models (abstract; Kolmogorov-Smirnov tests).",
+        )
+    },
 )
 register(
-    "A3",
-    "statistics_over_training",
-    "distributions",
-    "Per-layer mu and sigma of log2|g| over training",
-    AcrossModels,
-    "Per-layer statistics differ, which motivates per-layer ('local') loss scaling derived from (mu, sigma) "
-    "(Chmiel et al., abstract).",
+    id="A3",
+    slug="statistics_over_training",
+    stage="distributions",
+    title="Per-layer mu and sigma of log2|g| over training",
+    params=AcrossModels,
 )
 register(
-    "A4",
-    "fp_mse_theory",
-    "fp",
-    "Quantization MSE of a lognormal in low-bit FP formats",
-    FpTheory,
-    "After the optimal scale the FP quantization MSE depends on sigma only; the optimal exponent width grows "
-    "with sigma; [1,3,0] is the predicted FP4 format (digest sections 2.10, A.2).",
+    id="A4",
+    slug="fp_mse_theory",
+    stage="fp",
+    title="Quantization MSE of a lognormal in low-bit FP formats",
+    params=FpTheory,
+    claims={
+        "L2": (
+            LOGNORMAL,
+            "At the optimal scale the FP quantization MSE of a lognormal depends on sigma only, the optimal "
+            "number of exponent bits grows with sigma, and [1,3,0] is the predicted FP4 format (analysis; "
+            "the authors' code table).",
+        )
+    },
 )
 register(
-    "A5",
-    "fp_formats",
-    "fp",
-    "Accuracy with FP gradient formats and per-layer scaling",
-    CompareWithinModels,
-    "FP6 gradients without accuracy degradation on ImageNet, with per-layer scaling (Chmiel et al., "
-    "abstract).",
+    id="A5",
+    slug="fp_formats",
+    stage="fp",
+    title="Accuracy with FP gradient formats and per-layer scaling",
+    params=CompareWithinModels,
+    claims={
+        "L3": (
+            LOGNORMAL,
+            "FP6 gradients train without accuracy degradation, with per-layer scaling (abstract; ImageNet).",
+        )
+    },
 )
 register(
-    "A6",
-    "scaling_and_split",
-    "fp",
-    "Per-layer vs global loss scaling; exponent/mantissa split",
-    Scaling,
-    "Per-layer scaling gives loss scaling a theoretical basis; the exponent/mantissa split should follow "
-    "sigma (Chmiel et al., abstract).",
+    id="A6",
+    slug="scaling_and_split",
+    stage="fp",
+    title="Per-layer vs global loss scaling; exponent/mantissa split",
+    params=Scaling,
 )
 register(
-    "A7",
-    "target_vs_achieved_sparsity",
-    "sparsity",
-    "Target vs achieved gradient sparsity for each threshold estimator",
-    Calibration,
-    "The lognormal threshold sets the sparsity level accurately; Gaussian priors mispredict it (digest's "
-    "simulation: target 0.5 at sigma 2.5 reaches 0.77-0.98 with Gaussian thresholds).",
+    id="A7",
+    slug="target_vs_achieved_sparsity",
+    stage="sparsity",
+    title="Target vs achieved gradient sparsity for each threshold estimator",
+    params=Calibration,
+    claims={
+        "L4": (
+            LOGNORMAL,
+            "The lognormal threshold sets the gradient sparsity level accurately: achieved equals target "
+            "(abstract).",
+        ),
+        "L5": (
+            LOGNORMAL,
+            "Gaussian and Laplace priors (Ye et al. 2019) mispredict the sparsity a threshold reaches on "
+            "neural gradients (abstract: such priors fail for them).",
+        ),
+    },
 )
 register(
-    "A8",
-    "accuracy_vs_sparsity",
-    "sparsity",
-    "Accuracy vs gradient sparsity",
-    CompareWithinModels,
-    "Up to 85% gradient sparsity on ResNet18/ImageNet without accuracy loss (Chmiel et al., abstract).",
+    id="A8",
+    slug="accuracy_vs_sparsity",
+    stage="sparsity",
+    title="Accuracy vs gradient sparsity",
+    params=CompareWithinModels,
+    claims={
+        "L6": (
+            LOGNORMAL,
+            "Up to 85 % gradient sparsity on ResNet18 without accuracy loss (abstract; ImageNet).",
+        )
+    },
 )
 register(
-    "A9",
-    "heterogeneous_sparsity",
-    "sparsity",
-    "Heterogeneous sparsity with a cosine-similarity constraint",
-    Heterogeneous,
-    "Heterogeneous per-layer sparsity under a cosine-similarity constraint (Chmiel et al., code and README "
-    "command); no verified numbers.",
+    id="A9",
+    slug="heterogeneous_sparsity",
+    stage="sparsity",
+    title="Heterogeneous sparsity with a cosine-similarity constraint",
+    params=Heterogeneous,
 )
 register(
-    "A10",
-    "failure_cases",
-    "fp",
-    "Where low-precision FP gradients fail, and the fix",
-    FailurePairs,
-    "The lognormal model explains workloads where low-precision FP was reported to fail (Chmiel et al., v1 "
-    "abstract): too few exponent bits for sigma, or one scale for layers with different mu; here its "
-    "predictions from each model's measured gradients are set next to trained outcomes.",
+    id="A10",
+    slug="failure_cases",
+    stage="fp",
+    title="Where low-precision FP gradients fail, and the fix",
+    params=FailurePairs,
+    claims={
+        "L7": (
+            LOGNORMAL,
+            "The lognormal model explains the workloads where low-precision FP gradients fail: too few "
+            "exponent bits for sigma, or one scale for layers with different mu (v1 abstract).",
+        )
+    },
 )
 register(
-    "B1",
-    "bin_usage",
-    "statquant",
-    "Quantization bins used by PTQ, PSQ and BHQ on one neural gradient",
-    BinUsage,
-    "PTQ puts most values in a few central bins; PSQ and BHQ use more of the bins (Chen et al., "
-    "reviewer-confirmed figure).",
+    id="B1",
+    slug="bin_usage",
+    stage="statquant",
+    title="Quantization bins used by PTQ, PSQ and BHQ on one neural gradient",
+    params=BinUsage,
+    claims={
+        "S1": (
+            STATQUANT,
+            "Per-tensor quantization (PTQ) wastes its range on neural gradients, whose samples have very "
+            "different ranges; per-sample scales (PSQ, BHQ) use more of the bins (analysis).",
+        )
+    },
 )
 register(
-    "B2",
-    "variance_vs_bits",
-    "statquant",
-    "Gradient quantization variance against bits: PTQ, PSQ, BHQ",
-    VarianceVsBits,
-    "Quantization variance falls about 4x per bit; PTQ > PSQ > BHQ; compare with the QAT sampling variance "
-    "(Chen et al., variance theorem).",
+    id="B2",
+    slug="variance_vs_bits",
+    stage="statquant",
+    title="Gradient quantization variance against bits: PTQ, PSQ, BHQ",
+    params=VarianceVsBits,
+    claims={
+        "S2": (
+            STATQUANT,
+            "PSQ and BHQ have a lower gradient variance than PTQ (theorem).",
+        ),
+        "S3": (
+            STATQUANT,
+            "The quantization variance falls about 4x per extra gradient bit (variance bound "
+            "N D R^2 / 4B^2).",
+        ),
+    },
 )
 register(
-    "B3",
-    "unbiasedness",
-    "statquant",
-    "FQT gradients average to the QAT gradient",
-    Unbiasedness,
-    "With unbiased gradient quantizers the FQT gradient is an unbiased estimator of the QAT gradient (Chen "
-    "et al., theorem).",
+    id="B3",
+    slug="unbiasedness",
+    stage="statquant",
+    title="FQT gradients average to the QAT gradient",
+    params=Unbiasedness,
+    claims={
+        "S4": (
+            STATQUANT,
+            "With unbiased gradient quantizers the FQT gradient is an unbiased estimator of the QAT gradient "
+            "(theorem).",
+        )
+    },
 )
 register(
-    "B4",
-    "accuracy_table",
-    "statquant",
-    "Test accuracy: Exact, QAT and FQT with PTQ, PSQ, BHQ gradients",
-    FqtAccuracy,
-    "5-bit BHQ on ResNet-50/ImageNet loses only 0.5% top-1 against QAT; 8-bit quantizers are close to QAT "
-    "(Chen et al., abstract).",
+    id="B4",
+    slug="accuracy_table",
+    stage="statquant",
+    title="Test accuracy: Exact, QAT and FQT with PTQ, PSQ, BHQ gradients",
+    params=FqtAccuracy,
+    claims={
+        "S5": (
+            STATQUANT,
+            "5-bit BHQ gradients lose only about 0.5 % top-1 accuracy against QAT (abstract; ResNet-50 on "
+            "ImageNet).",
+        )
+    },
 )
 register(
-    "X1",
-    "accuracy_vs_bits",
-    "beyond",
-    "Accuracy vs bits per gradient element, every compressor",
-    EveryRun,
-    "(beyond the papers) no paper claim.",
+    id="X1",
+    slug="accuracy_vs_bits",
+    stage="beyond",
+    title="Accuracy vs bits per gradient element, every compressor",
+    params=EveryRun,
 )
 register(
-    "X2",
-    "range_sigma_predictor",
-    "statquant",
-    "Spread of per-sample gradient ranges as a predictor of the PSQ and BHQ gains",
-    RangePredictor,
-    "(beyond the papers) the digest's sigma sweep: BHQ/PSQ variance ratio 0.86 at sigma 0.5 to 0.03 at "
-    "sigma 3 on synthetic rows (digest section 6).",
+    id="X2",
+    slug="range_sigma_predictor",
+    stage="statquant",
+    title="Spread of per-sample gradient ranges as a predictor of the PSQ and BHQ gains",
+    params=RangePredictor,
 )
 register(
-    "X3",
-    "prune_plus_fp",
-    "beyond",
-    "Pruning and low-bit FP together",
-    PruneWithFp,
-    "(beyond the papers) no paper claim.",
+    id="X3",
+    slug="prune_plus_fp",
+    stage="beyond",
+    title="Pruning and low-bit FP together",
+    params=PruneWithFp,
 )
 
 

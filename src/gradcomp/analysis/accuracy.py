@@ -1,67 +1,97 @@
-"""Accuracy (and other per-run numbers) of run groups over seeds: table rows and paired comparisons."""
+"""Per-run numbers over seeds (accuracy, sparsity, bits): table rows, per-seed tables, and the accuracy
+comparisons of arms with the uncompressed run of their own model and training scale."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradcomp.analysis.runs import Run, RunGroup, one_per_model
-from gradcomp.analysis.seeds import SIGNIFICANT, UNTESTED, Comparison, Estimate, compare
+from gradcomp.analysis.claims import Decision, equivalent, undecided
+from gradcomp.analysis.runs import (
+    Run,
+    RunGroup,
+    accuracy_estimate,
+    model_key,
+    one_per_model,
+    training_context,
+)
+from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
 from gradcomp.analysis.tables import Table
+from gradcomp.analysis.verdicts import Comparison, Pair, summarise
 
 
-def run_row(group: RunGroup, **values: Callable[[Run], float | None]) -> dict[str, Any]:
-    """One table row per run: name, label, seed count, and mean / sd / 95 % CI of each named per-run value
-    (accuracy by default)."""
-    values = values or {"accuracy": lambda run: run.accuracy}
+@dataclass(frozen=True)
+class Quantity:
+    """A number every run of a group reports once per seed, with the bounds of its interval."""
+
+    name: str
+    read: Callable[[Run], float | None]
+    bounds: Bounds = LINEAR
+
+
+ACCURACY = Quantity("accuracy", lambda run: run.accuracy, FRACTION)
+SPARSITY = Quantity("sparsity", lambda run: run.sparsity, FRACTION)
+
+
+def run_row(group: RunGroup, *quantities: Quantity) -> dict[str, Any]:
+    """One table row per run: name, label, seed count, and the estimate of each quantity (accuracy by
+    default) over the run's seeds."""
     row: dict[str, Any] = {"run": group.name, "label": group.label, "seeds": len(group.runs)}
-    for name, value in values.items():
-        row |= group.estimate(value).columns(name)
+    for quantity in quantities or (ACCURACY,):
+        row |= group.estimate(quantity.read, quantity.bounds).columns(quantity.name)
     return row
 
 
-def per_seed_table(groups: Sequence[RunGroup], **values: Callable[[Run], float | None]) -> Table:
-    """Every seed's values (for figures that show each seed), kept out of the Markdown."""
-    values = values or {"accuracy": lambda run: run.accuracy}
+def per_seed_table(groups: Sequence[RunGroup], *quantities: Quantity) -> Table:
+    """Every seed's values of each run (once per run, for figures that show each seed), kept out of the
+    Markdown."""
+    unique = {group.name: group for group in groups}.values()
     rows = [
-        {"run": group.name, "seed": seed, **{name: value(run) for name, value in values.items()}}
-        for group in groups
+        {
+            "run": group.name,
+            "seed": seed,
+            **{q.name: q.read(run) for q in quantities or (ACCURACY,)},
+        }
+        for group in unique
         for seed, run in group.runs.items()
     ]
     return Table("Every seed", rows, markdown=False)
 
 
-def compare_accuracy(
-    pairs: Sequence[tuple[RunGroup, RunGroup]], label: Callable[[RunGroup], str] | None = None
-) -> list[Comparison]:
-    """Paired accuracy differences a - b in points (one experiment's comparisons, Holm-adjusted together);
-    each arm named by `label` (default: its policy label)."""
+def scale_note(groups: Mapping[str, RunGroup]) -> str:
+    """A table's note: how its runs were trained (models, scale, optimizers, seeds)."""
+    return f"Trained: {training_context(groups)}."
+
+
+def accuracy_pair(
+    a: RunGroup, b: RunGroup, margin: float | None, label: Callable[[RunGroup], str] | None = None
+) -> Pair:
+    """The accuracy comparison a - b in points, each arm named by `label` (default: its label)."""
     label = label or (lambda group: group.label)
-    return compare([((label(a), a.accuracy), (label(b), b.accuracy)) for a, b in pairs])
+    scale = a.scale if a.scale == b.scale else f"{a.scale} vs {b.scale}"
+    return Pair(label(a), label(b), a.accuracy, b.accuracy, margin=margin, scale=scale)
 
 
-def with_gaps(rows: list[dict], gaps: Mapping[str, Comparison]) -> list[dict]:
-    """Rows of the table with the paired gap (points, 95 % CI) to their reference and its verdict, where
-    `gaps` (run name -> comparison) has the row's run."""
+GAP = "gap_pt"  # the estimate a row's paired difference from its reference is written as
+
+
+def gap_cells(gap: Comparison | None) -> dict[str, Any]:
+    """A comparison as table columns: the paired difference (points) as an estimate (`GAP`), and its
+    verdict; empty cells where the row has no reference."""
+    if gap is None:
+        return dict.fromkeys([*Estimate(math.nan, math.nan, math.nan, math.nan, 0).columns(GAP), "verdict"])
+    estimate = Estimate(gap.difference, gap.sd, gap.ci_low, gap.ci_high, gap.seeds)
+    return {**estimate.columns(GAP), "verdict": gap.verdict}
+
+
+def gap_columns(rows: list[dict], gaps: Mapping[str, Comparison]) -> list[dict]:
+    """Rows of a table with the paired gap to their reference, where `gaps` (run name -> comparison) has
+    the row's run."""
     for row in rows:
-        gap = gaps.get(row["run"])
-        row["gap_pt"] = gap.difference if gap else None
-        row["gap_ci_low"] = gap.ci_low if gap else None
-        row["gap_ci_high"] = gap.ci_high if gap else None
-        row["gap_verdict"] = gap.verdict if gap else None
+        row |= gap_cells(gaps.get(row["run"]))
     return rows
-
-
-def noise_floor(group: RunGroup) -> dict[str, str | float | int]:
-    """The baseline's accuracy over seeds, and its standard deviation in points (the noise floor)."""
-    estimate = Estimate.of(list(group.accuracy.values()))
-    return {
-        "baseline": group.label,
-        "baseline_accuracy": estimate.mean,
-        "noise_floor_sd_pt": 100 * estimate.sd,
-        "baseline_seeds": estimate.n,
-    }
 
 
 def model_names(groups: Sequence[RunGroup]) -> dict[str, str]:
@@ -75,29 +105,29 @@ def model_names(groups: Sequence[RunGroup]) -> dict[str, str]:
 
 @dataclass(frozen=True)
 class WithinModels:
-    """Arms of one or several models, each matched with the uncompressed run of its own model (same model,
-    model options and stem): accuracy gaps are only ever taken within a model."""
+    """Arms of one or several models, each matched with the uncompressed run of its own model and training
+    scale (same model, options, stem, data and length): accuracy gaps are only ever taken within them."""
 
-    baselines: list[RunGroup]  # one per model, in the order named
+    baselines: list[RunGroup]  # one per model and scale, in the order named
     arms: list[RunGroup]
-    own: dict[str, RunGroup]  # arm name -> its model's baseline
+    own: dict[str, RunGroup]  # arm name -> its baseline
     names: dict[str, str]  # model description -> short name
 
     @classmethod
-    def of(cls, baselines: Sequence[str], arms: Sequence[str], runs: Mapping[str, RunGroup], where: str):
-        """Match `arms` with `baselines` (run names); `where` (e.g. "experiments.A5.baseline") names the
-        setting in the errors: two baselines of one model, or an arm without a baseline of its model."""
-        groups = [runs[name] for name in baselines]
-        by_model = one_per_model(groups, where)
-        chosen = [runs[name] for name in dict.fromkeys(arms) if name not in baselines]
+    def of(cls, baselines: Sequence[RunGroup], arms: Sequence[RunGroup], where: str) -> WithinModels:
+        """Match `arms` with `baselines`; `where` (e.g. "experiments.A5.baseline") names the setting in the
+        errors: two baselines of one model and scale, or an arm without a baseline of its own."""
+        by_model = one_per_model(baselines, where)
+        named = {baseline.name for baseline in baselines}
+        chosen = [arm for arm in {a.name: a for a in arms}.values() if arm.name not in named]
         for arm in chosen:
-            if arm.model not in by_model:
+            if model_key(arm) not in by_model:
                 raise ValueError(
-                    f"{where}: run {arm.name!r} ({arm.model}) has no uncompressed run of its model among "
-                    f"{', '.join(repr(g.name) for g in groups)}; add that model's baseline run"
+                    f"{where}: run {arm.name!r} ({arm.model}, {arm.scale}) has no uncompressed run of its "
+                    f"model at its scale among {', '.join(repr(g.name) for g in baselines)}; add one"
                 )
-        own = {arm.name: by_model[arm.model] for arm in chosen}
-        return cls(groups, chosen, own, model_names([*groups, *chosen]))
+        own = {arm.name: by_model[model_key(arm)] for arm in chosen}
+        return cls(list(baselines), chosen, own, model_names([*baselines, *chosen]))
 
     @property
     def several(self) -> bool:
@@ -114,27 +144,28 @@ class WithinModels:
     def arms_of(self, baseline: RunGroup) -> list[RunGroup]:
         return [arm for arm in self.arms if self.own[arm.name] is baseline]
 
-    def gaps(self, extra: Sequence[tuple[RunGroup, RunGroup]] = ()) -> list[Comparison]:
-        """Every arm against its model's baseline (in the order of `arms`), then the `extra` pairs (which
-        must be of one model each); Holm-adjusted together."""
-        for a, b in extra:
-            if a.model != b.model:
-                raise ValueError(f"{a.name!r} and {b.name!r} are runs of different models")
-        return compare_accuracy([(arm, self.own[arm.name]) for arm in self.arms] + list(extra), self.label)
+    def gap_pairs(self, margin: float) -> list[Pair]:
+        """Every arm against its baseline, in the order of `arms`."""
+        return [accuracy_pair(arm, self.own[arm.name], margin, self.label) for arm in self.arms]
 
-    def headline(self, baseline: RunGroup, gaps: Mapping[str, Comparison]) -> dict[str, Any]:
-        """The baseline's noise floor, every arm's paired gap to it (mean, 95 % CI, verdict, seeds) and the
-        arms significantly below it."""
-        arms = self.arms_of(baseline)
-        return {
-            **noise_floor(baseline),
-            "gap_pt": {arm.label: _gap_text(gaps[arm.name]) for arm in arms},
-            "significantly_worse": [
-                arm.label
-                for arm in arms
-                if gaps[arm.name].verdict == SIGNIFICANT and gaps[arm.name].difference < 0
-            ],
-        }
+    def pairs(self, extra: Sequence[tuple[RunGroup, RunGroup]], margin: float) -> list[Pair]:
+        """Comparisons between arms of one model and scale each (e.g. a prior against the lognormal)."""
+        for a, b in extra:
+            if model_key(a) != model_key(b):
+                raise ValueError(f"{a.name!r} and {b.name!r} are runs of different models or scales")
+        return [accuracy_pair(a, b, margin, self.label) for a, b in extra]
+
+    def schedules(self) -> list[tuple[RunGroup, RunGroup]]:
+        """(arm, the arm of the same policy, model and scale with the default schedule): where an arm
+        differs from another only by when compression starts."""
+        first: dict[tuple, RunGroup] = {}
+        pairs = []
+        for arm in self.arms:
+            key = (model_key(arm), arm.policy.describe())
+            if key in first and first[key].label != arm.label:
+                pairs.append((arm, first[key]))
+            first.setdefault(key, arm)
+        return pairs
 
     def points(self, baseline: RunGroup) -> str:
         """Where the arms of the baseline's model compress their gradients, e.g. ``convolution outputs``."""
@@ -149,9 +180,25 @@ class WithinModels:
         )
 
 
-def _gap_text(gap: Comparison) -> str:
-    """e.g. "-0.87 (95 % CI [-1, -0.74]), significant, 2 seeds"."""
-    if gap.verdict == UNTESTED:
-        return f"{gap.difference:+.3g}, {gap.verdict}"
-    interval = f"95 % CI [{gap.ci_low:+.3g}, {gap.ci_high:+.3g}]"
-    return f"{gap.difference:+.3g} ({interval}), {gap.verdict}, {gap.seeds} seeds"
+def baseline_text(group: RunGroup) -> str:
+    """e.g. "fp32 0.853 [0.84, 0.866] over 8 seeds (sd 0.9 pt)": a baseline and its seed-to-seed noise."""
+    estimate = accuracy_estimate(group)
+    spread = "" if estimate.n < 2 else f" (sd {100 * estimate.sd:.2g} pt)"
+    return f"{group.label} {estimate.text()} over {estimate.n} seed{'s' * (estimate.n != 1)}{spread}"
+
+
+def model_finding(models: WithinModels, baseline: RunGroup, gaps: Mapping[str, Comparison]) -> str:
+    """One sentence per model: its baseline with its noise, then every arm's verdict against it."""
+    arms = [gaps[arm.name] for arm in models.arms_of(baseline) if arm.name in gaps]
+    verdicts = f"; {summarise(arms)}" if arms else ""
+    return f"{models.name(baseline)} at {baseline.scale}: {baseline_text(baseline)}{verdicts}."
+
+
+def claim_of(claim: str, run: str | None, gaps: Mapping[str, Comparison]) -> list[Decision]:
+    """The decision of a no-loss claim from the gap of the run `run` names (none where no run is named;
+    inconclusive where the run is not trained)."""
+    if run is None:
+        return []
+    if run not in gaps:
+        return [undecided(claim, f"run {run} is not trained by this configuration")]
+    return [equivalent(claim, [gaps[run]])]

@@ -6,13 +6,21 @@ import math
 from collections import defaultdict
 
 import numpy as np
-import torch
 from torch import Tensor
 
-from gradcomp.analysis.accuracy import compare_accuracy, noise_floor, per_seed_table, run_row
+from gradcomp.analysis.accuracy import (
+    ACCURACY,
+    Quantity,
+    accuracy_pair,
+    baseline_text,
+    per_seed_table,
+    run_row,
+    scale_note,
+)
 from gradcomp.analysis.runs import Run, RunGroup, training_context
-from gradcomp.analysis.seeds import SIGNIFICANT, WITHIN_NOISE, Comparison
+from gradcomp.analysis.synthetic import signed_lognormal
 from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, compare, summarise
 from gradcomp.compress import LayerStats, compress
 from gradcomp.experiments import EveryRun, PruneWithFp
 from gradcomp.policies import Chain, FloatingPoint
@@ -30,16 +38,11 @@ def _bits(run: Run) -> float:
     return run.policy.bits_per_element(run.summary)
 
 
+BITS = Quantity("bits", _bits)
+
+
 def _row(group: RunGroup) -> dict:
-    return {
-        **run_row(
-            group,
-            accuracy=lambda run: run.accuracy,
-            bits=_bits,
-        ),
-        "family": group.family,
-        "policy": group.policy.describe(),
-    }
+    return {**run_row(group, ACCURACY, BITS), "family": group.family, "policy": group.policy.describe()}
 
 
 def _pareto(rows: list[dict]) -> list[dict]:
@@ -52,7 +55,17 @@ def _pareto(rows: list[dict]) -> list[dict]:
     return front
 
 
+def _x1_caption(model: str, runs: dict[str, RunGroup]) -> str:
+    return f"""Final test accuracy of every training run of {model} (mean and 95 % CI over seeds, both axes;
+        runs of other models are left out) against the bits its compressed neural gradients take per
+        element. {BITS_RULE} The line joins the runs on the Pareto front of the means (no other run has
+        fewer bits and a higher mean accuracy); whether a front run differs from fp32 is tested below (paired
+        by seed, Holm over them, equivalence by two one-sided tests at the settings' margin), and the
+        differences between neighbouring runs are judged in A5, A8 and B4. {training_context(runs)}."""
+
+
 def accuracy_vs_bits(settings: EveryRun, runs: dict[str, RunGroup]) -> Result:
+    """X1: every compressor of one model on one accuracy-vs-bits plot, its Pareto front against fp32."""
     baseline = runs[settings.baseline] if settings.baseline else None
     model = (baseline or next(iter(runs.values()))).model
     runs = {name: group for name, group in runs.items() if group.model == model}  # one model's runs only
@@ -61,33 +74,24 @@ def accuracy_vs_bits(settings: EveryRun, runs: dict[str, RunGroup]) -> Result:
     front = _pareto(rows)
     for row in rows:
         row["pareto"] = row in front
-    comparisons = compare_accuracy(
-        [
-            (runs[row["run"]], baseline)
-            for row in front
-            if baseline is not None and row["run"] != baseline.name
-        ]
-    )
-    caption = f"""Final test accuracy of every training run of {model} (mean and 95 % CI over seeds, both
-        axes; runs of other models are left out) against the bits its compressed neural gradients take per
-        element. {BITS_RULE} The line joins the runs on the
-        Pareto front of the means (no other run has fewer bits and a higher mean accuracy); whether a front
-        run differs from fp32 is tested below, and the differences between neighbouring runs are judged in
-        A5, A8 and B4. {training_context(runs)}."""
+    pairs = [
+        accuracy_pair(runs[row["run"]], baseline, settings.margin)
+        for row in front
+        if baseline is not None and row["run"] != baseline.name
+    ]
+    comparisons = compare(pairs)
+    on_front = ", ".join(f"{row['label']} ({row['bits_mean']:.2f} bits)" for row in front)
+    findings = [f"Pareto front: {on_front}."]
+    if baseline is not None:
+        findings.insert(0, f"{baseline_text(baseline)}; front runs {summarise(comparisons)}.")
     return Result(
-        caption=caption,
+        caption=_x1_caption(model, runs),
         tables={
-            "main": Table("Accuracy vs bits per gradient element", rows),
+            "main": Table("Accuracy vs bits per gradient element", rows, note=scale_note(runs)),
             "seeds": per_seed_table(groups),
         },
         comparisons=comparisons,
-        headline={
-            "pareto": [
-                f"{row['label']} ({row['bits_mean']:.2f} bits, {row['accuracy_mean']:.4f})" for row in front
-            ],
-            "runs": len(rows),
-            **(noise_floor(baseline) if baseline else {}),
-        },
+        findings=findings,
     )
 
 
@@ -118,14 +122,6 @@ def fp_mass_effects(fp: FloatingPoint, x: Tensor, mass: float, seed: int = 0) ->
         "flushed_elements": float(flushed.sum()) / max(int(nonzero.sum()), 1),
         "log2_scale": math.log2(float(stats.scale)),
     }
-
-
-def signed_lognormal(mu: float, sigma: float, elements: int, seed: int) -> Tensor:
-    """`elements` values +-exp(mu + sigma z), z standard normal, random signs (float32)."""
-    generator = torch.Generator().manual_seed(seed)
-    magnitude = torch.exp(mu + sigma * torch.randn(elements, generator=generator, dtype=torch.float64))
-    sign = torch.randint(0, 2, (elements,), generator=generator).double() * 2 - 1
-    return (sign * magnitude).float()
 
 
 def chain_mass_effects(chain: Chain, g: Tensor, seed: int = 0) -> dict[str, dict[str, float]]:
@@ -169,7 +165,7 @@ def mechanism(settings: PruneWithFp, chain: RunGroup, arms: list[RunGroup]) -> t
     per_layer, total = [], defaultdict(float)
     weight = 0.0
     for index, (name, (mu, sigma, elements)) in enumerate(layers.items()):
-        g = signed_lognormal(mu, sigma, settings.elements, settings.seed + index)
+        g = signed_lognormal(settings.elements, sigma, mu=mu, seed=settings.seed + index)
         effects = chain_mass_effects(chain.policy, g, settings.seed + index)
         for arm, numbers in effects.items():
             per_layer.append({"chain": chain.label, "layer": name, "arm": arm, "sigma_ln": sigma, **numbers})
@@ -232,14 +228,14 @@ def _chain_statement(comparison: Comparison, summary: list[dict]) -> str:
     shift = alone["log2_scale"] - chained["log2_scale"]
     rounding = chained["mass_change"] + lost["chain"]
     helps = lost["chain"] < lost["alone"]
-    if comparison.verdict == SIGNIFICANT:
-        verdict = "pruning first " + ("recovers" if comparison.difference > 0 else "costs") + " accuracy"
-    elif comparison.verdict == WITHIN_NOISE:
-        verdict = "within the seed noise, so these runs do not show that pruning first changes the accuracy"
-        if (comparison.difference > 0) == helps:
-            verdict += " (the difference has the sign the mechanism below predicts)"
+    if comparison.verdict in (BETTER, WORSE):
+        verdict = "pruning first " + ("recovers" if comparison.verdict == BETTER else "costs") + " accuracy"
+    elif comparison.verdict == EQUIVALENT:
+        verdict = "pruning first changes the accuracy by less than the margin"
     else:
-        verdict = "so no verdict"
+        verdict = "so these runs do not show that pruning first changes the accuracy"
+        if comparison.seeds > 1 and (comparison.difference > 0) == helps:
+            verdict += " (the difference has the sign the mechanism below predicts)"
     return (
         f"{comparison.statement}: {verdict}. Mechanism (synthetic signed lognormal gradients with the "
         f"per-layer (mu, sigma) measured in {alone['statistics_from']}, sigma {alone['sigma_ln_min']:.2f}-"
@@ -253,18 +249,34 @@ def _chain_statement(comparison: Comparison, summary: list[dict]) -> str:
     )
 
 
+def _x3_caption(settings: PruneWithFp, arms: list[RunGroup], runs: dict[str, RunGroup]) -> str:
+    return f"""(a) Final test accuracy (points: mean over seeds with 95 % CI; dots: every seed; bits per
+        gradient element under each label) of stochastic pruning alone, low-bit FP alone and the chain
+        prune-then-FP, where the survivors of pruning (including the values raised to the threshold alpha)
+        are rounded to the FP format, against fp32 (dashed line and band). FP scaling, as the runs' policies
+        set it: {_scaling_rules(arms)}. {BITS_RULE} {training_context(runs)}. Comparisons: each chain against
+        each of its members alone, and every run against fp32; paired by seed, Holm over them, equivalence
+        by two one-sided tests at the settings' margin. (b) The mechanism, on {settings.elements:,} synthetic
+        signed lognormal values per layer with each layer's measured (mu, sigma) (the threshold fitted on
+        all of them: no BatchNorm mask): the share of the |g| mass the FP stage saturates (clamps at the
+        format's largest value) or flushes to zero, alone and after pruning (the scale refitted on the
+        pruned tensor)."""
+
+
 def prune_plus_fp(settings: PruneWithFp, runs: dict[str, RunGroup]) -> Result:
+    """X3: pruning and low-bit FP alone and chained, with the mechanism measured on synthetic gradients."""
     baseline = runs[settings.baseline]
-    arms = [runs[name] for name in settings.runs if name != settings.baseline]
+    arms = [group for group in settings.present(settings.runs, runs) if group.name != settings.baseline]
     chains = [group for group in arms if _members(group, arms)]
     pairs = [(chain, member) for chain in chains for member in _members(chain, arms)]
-    comparisons = compare_accuracy(pairs + [(arm, baseline) for arm in arms])
+    pairs += [(arm, baseline) for arm in arms]
+    comparisons = compare([accuracy_pair(a, b, settings.margin) for a, b in pairs])
     rows = [
-        {**run_row(group, accuracy=lambda run: run.accuracy, bits=_bits), "policy": group.policy.describe()}
-        for group in [baseline, *arms]
+        {**run_row(group, ACCURACY, BITS), "policy": group.policy.describe()} for group in [baseline, *arms]
     ]
-    mechanism_rows, layer_rows, notes = [], [], []
-    by_pair = {(c.a, c.b): c for c in comparisons}
+    mechanism_rows, layer_rows = [], []
+    findings = [f"{baseline_text(baseline)}; {summarise(comparisons[len(pairs) - len(arms) :])}."]
+    by_pair = {(a.name, b.name): c for (a, b), c in zip(pairs, comparisons, strict=True)}
     for chain in chains:
         if not any(isinstance(p, FloatingPoint) for p in chain.policy.policies):
             continue
@@ -273,22 +285,12 @@ def prune_plus_fp(settings: PruneWithFp, runs: dict[str, RunGroup]) -> Result:
         layer_rows += per_layer
         fp_alone = [g for g in _members(chain, arms) if isinstance(g.policy, FloatingPoint)]
         if summary and fp_alone:
-            notes.append(_chain_statement(by_pair[chain.label, fp_alone[0].label], summary))
-    caption = f"""Final test accuracy (bars: mean over seeds, 95 % CI and every seed; bits per gradient
-        element under each label) of stochastic pruning alone, low-bit FP alone and the chain prune-then-FP,
-        where the survivors of pruning (including the values raised to the threshold alpha) are rounded to
-        the FP format, against fp32 (dashed). FP scaling, as the runs' policies set it:
-        {_scaling_rules(arms)}.
-        {BITS_RULE} {training_context(runs)}. Comparisons: each chain against each of its members alone,
-        and every run against fp32; paired by seed. Right: the mechanism, on {settings.elements:,} synthetic
-        signed lognormal values per layer with each layer's measured (mu, sigma) (the threshold fitted on
-        all of them: no BatchNorm mask): the share of the |g| mass the FP stage saturates (clamps at the
-        format's largest value) or flushes to zero, alone and after pruning (the scale refitted on the
-        pruned tensor)."""
+            findings.append(_chain_statement(by_pair[chain.name, fp_alone[0].name], summary))
+    groups = {group.name: group for group in [baseline, *arms]}
     return Result(
-        caption=caption,
+        caption=_x3_caption(settings, arms, groups),
         tables={
-            "main": Table("Pruning combined with low-bit FP", rows),
+            "main": Table("Pruning combined with low-bit FP", rows, note=scale_note(groups)),
             "mechanism": Table(
                 "What the FP stage does to the |g| mass, alone and after pruning", mechanism_rows
             ),
@@ -296,9 +298,5 @@ def prune_plus_fp(settings: PruneWithFp, runs: dict[str, RunGroup]) -> Result:
             "seeds": per_seed_table([baseline, *arms]),
         },
         comparisons=comparisons,
-        headline={
-            **noise_floor(baseline),
-            **{f"{r['chain']} | {r['arm']}": {k: r[k] for k in MECHANISM_KEYS[:3]} for r in mechanism_rows},
-        },
-        notes=notes,
+        findings=findings,
     )

@@ -4,14 +4,14 @@ the probes (`probe.npz`) of one run shown in detail and of other architecture fa
 
 from __future__ import annotations
 
-from collections import defaultdict
-
 import numpy as np
 
+from gradcomp.analysis.claims import differs
 from gradcomp.analysis.fit import DISTRIBUTIONS, ks_statistics
-from gradcomp.analysis.runs import Run, RunGroup, one_per_model, training_context
-from gradcomp.analysis.seeds import Estimate, compare
+from gradcomp.analysis.runs import Run, RunGroup, training_context
+from gradcomp.analysis.seeds import FRACTION, POSITIVE, Estimate, PerSeed
 from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import BETTER, Pair, compare, summarise
 from gradcomp.experiments import AcrossModels, GoodnessOfFit
 from gradcomp.probe import load_probe
 
@@ -41,23 +41,14 @@ def _rows(probe: dict[str, np.ndarray], kind: str, step: int | None = None) -> n
     return rows[np.argsort([order.get(name, len(order)) for name in probe["layer"][rows]], kind="stable")]
 
 
-def _aggregate(per_seed: dict[tuple, dict[str, list[float]]], keys: tuple[str, ...]) -> list[dict]:
-    """Rows keyed by `keys`, each statistic as mean / sd / 95 % CI over seeds, and the seed count."""
-    rows = []
-    for key, statistics in per_seed.items():
-        row = dict(zip(keys, key, strict=True))
-        for name, values in statistics.items():
-            row |= Estimate.of(values).columns(name)
-        row["seeds"] = max(len(values) for values in statistics.values())
-        rows.append(row)
-    return rows
-
-
 def _groups(settings: AcrossModels, runs: dict[str, RunGroup]) -> list[RunGroup]:
     """The run shown in detail first, then the other models' runs (each a different model: rows are keyed by
     the model trained)."""
-    groups = [runs[name] for name in settings.runs_read(list(runs))]
-    one_per_model(groups, "models")
+    groups = settings.present(settings.named_runs(list(runs)), runs)
+    models = [group.model for group in groups]
+    repeated = sorted({model for model in models if models.count(model) > 1})
+    if repeated:
+        raise ValueError(f"models: two runs train {repeated}; name one run per model")
     return groups
 
 
@@ -95,7 +86,6 @@ def _layer_order(probe: dict[str, np.ndarray]) -> dict[str, float]:
     return {name: i / max(len(layers) - 1, 1) for i, name in enumerate(layers)}
 
 
-# --- A1 -----------------------------------------------------------------------------------------------------
 def _log2_histograms(model: str, probe: dict[str, np.ndarray], last: int) -> tuple[list[dict], list[str]]:
     """Rows of the drawn log2 histograms of `SHOWN_LAYERS` layers (first to last), both populations."""
     centres = (probe["edges"][1:] + probe["edges"][:-1]) / 2
@@ -162,31 +152,73 @@ def _kinds_histograms(model: str, probe: dict[str, np.ndarray], last: int, layer
     return histograms, linear
 
 
-def gradient_histograms(settings: AcrossModels, runs: dict[str, RunGroup]) -> Result:
-    groups = _groups(settings, runs)
-    statistics: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+# --- A1 -----------------------------------------------------------------------------------------------------
+def _statistics(groups: list[RunGroup]) -> tuple[PerSeed, PerSeed, set[int]]:
+    """Per seed: each model's and layer's log2 statistics per tensor kind at the last probed step, and per
+    model and gradient population the median sigma2 over layers and the range of mu2."""
+    layers = PerSeed(
+        ("model", "layer", "kind"), {"log2_std": POSITIVE, "zero_fraction": FRACTION, "elements": POSITIVE}
+    )
+    models = PerSeed(("model", "population"), {"sigma2_median": POSITIVE})
     steps: set[int] = set()
-    histograms, linear = [], []
-    sigma_medians: dict[tuple[str, str], list[float]] = defaultdict(list)  # (model, population) -> per seed
     for group in groups:
-        for run in group.runs.values():
+        for seed, run in group.runs.items():
             probe = _probe(run)
             last = int(probe["step"].max())
             steps.add(last)
-            for population in POPULATIONS:
-                rows = _rows(probe, population, last)
-                if len(rows):
-                    sigma_medians[group.model, population].append(
-                        float(np.nanmedian(probe["log2_std"][rows]))
-                    )
             for kind in (*KINDS, "gradient_active"):
                 for index in _rows(probe, kind, last):
-                    values = statistics[group.model, str(probe["layer"][index]), kind]
-                    values["log2_mean"].append(float(probe["log2_mean"][index]))
-                    values["log2_std"].append(float(probe["log2_std"][index]))
-                    values["zero_fraction"].append(float(probe["zeros"][index] / probe["count"][index]))
-                    values["elements"].append(float(probe["count"][index]))
-        # the figure: each model's first seed (bins of the probe); the detailed run's linear-scale samples too
+                    layers.add(
+                        seed,
+                        {"model": group.model, "layer": str(probe["layer"][index]), "kind": kind},
+                        log2_mean=float(probe["log2_mean"][index]),
+                        log2_std=float(probe["log2_std"][index]),
+                        zero_fraction=float(probe["zeros"][index] / probe["count"][index]),
+                        elements=float(probe["count"][index]),
+                    )
+            for population, name in POPULATIONS.items():
+                rows = _rows(probe, population, last)
+                means = probe["log2_mean"][rows]
+                means = means[np.isfinite(means)]
+                if len(rows) and means.size:
+                    models.add(
+                        seed,
+                        {"model": group.model, "population": name},
+                        sigma2_median=float(np.nanmedian(probe["log2_std"][rows])),
+                        mu2_low=float(means.min()),
+                        mu2_high=float(means.max()),
+                    )
+    return layers, models, steps
+
+
+def _a1_caption(groups: list[RunGroup], shown: int, last: int, seed: int, steps: set[int]) -> str:
+    others = (
+        f" Further rows: the same for {' / '.join(g.model for g in groups[1:])}, one row each (the first "
+        f"seed each was read with)."
+        if len(groups) > 1
+        else ""
+    )
+    return f"""Histograms of log2|g| of neural gradients (the loss gradient w.r.t. a probed layer's output)
+        at the last probed step, each population with the normal density of its own mean and standard
+        deviation (its lognormal fit): the entries whose gradient at the following BatchNorm's output is
+        non-zero (what the reference code fits; the label gives their share of the layer) and all non-zero
+        entries, which add BatchNorm's small mean corrections where the activation zeroed the gradient. Top
+        row: {shown} layers of {groups[0].model}, from the first to the last, at step {last} of seed {seed}.
+        Second row: its middle layer's gradient, weights and activations in linear scale (reservoir samples)
+        and their log2|x| distributions (gradients spiky and heavy-tailed, weights and activations
+        bell-shaped).{others} {_context(groups)}. Table: every model's and layer's log2 mean, log2 standard
+        deviation, share of exact zeros and elements per kind (gradient_active: BatchNorm-output non-zero
+        entries) at the last probed step ({_steps(steps)}), mean and 95 % CI over the seeds; per model and
+        population, the median over layers of sigma2 and the lowest and highest mu2 (per seed, then over
+        seeds)."""
+
+
+def gradient_histograms(settings: AcrossModels, runs: dict[str, RunGroup]) -> Result:
+    """A1: log2 histograms of neural gradients per layer with their lognormal fit, in every model."""
+    groups = _groups(settings, runs)
+    layers, models, steps = _statistics(groups)
+    histograms, linear = [], []
+    for group in groups:  # the figure: each model's first seed; the detailed run's linear-scale samples too
         probe = _probe(group.first)
         last = int(probe["step"].max())
         drawn, shown = _log2_histograms(group.model, probe, last)
@@ -197,177 +229,149 @@ def gradient_histograms(settings: AcrossModels, runs: dict[str, RunGroup]) -> Re
             drawn, linear = _kinds_histograms(group.model, probe, last, middle)
             histograms += drawn
             detail = (len(shown), last, min(group.seeds))
-    rows = _aggregate(statistics, ("model", "layer", "kind"))
-    headline: dict = {"step": max(steps)}
-    for group in groups:
-        numbers = {}
-        for population in POPULATIONS:
-            chosen = [row for row in rows if row["model"] == group.model and row["kind"] == population]
-            if chosen:
-                numbers[f"{population}_sigma2_median"] = Estimate.of(
-                    sigma_medians[group.model, population]
-                ).columns("binades")
-                means = [row["log2_mean_mean"] for row in chosen if np.isfinite(row["log2_mean_mean"])]
-                numbers[f"{population}_mu2_range"] = [min(means), max(means)] if means else None
-        headline[group.model] = numbers
-    shown, last, seed = detail
-    others = (
-        f" Further rows: the same for {' / '.join(g.model for g in groups[1:])}, one row each (the first "
-        f"seed each was read with)."
-        if len(groups) > 1
-        else ""
-    )
-    caption = f"""Histograms of log2|g| of neural gradients (the loss gradient w.r.t. a probed layer's output)
-        at the last probed step, each population with the normal density of its own mean and standard
-        deviation (its lognormal fit): the entries whose gradient at the following BatchNorm's output is
-        non-zero (what the reference code fits; the label gives their share of the layer) and all non-zero
-        entries, which add BatchNorm's small mean corrections where the activation zeroed the gradient. Top
-        row: {shown} layers of {groups[0].model}, from the first to the last, at step {last} of seed {seed}.
-        Second row: its middle layer's gradient, weights and activations in linear scale (reservoir samples)
-        and their log2|x| distributions (gradients spiky and heavy-tailed, weights and activations
-        bell-shaped).{others} {_context(groups)}. Table: every model's and layer's log2 mean, log2 standard
-        deviation, share of exact zeros and elements per kind (gradient_active: BatchNorm-output non-zero
-        entries) at the last probed step ({_steps(steps)}), mean and 95 % CI over the seeds; headline: per
-        model and population, the median over layers of sigma2 (per seed, then over seeds) and the range of
-        mu2 over layers."""
+    summary = models.rows()
+    findings = [
+        f"{row['model']}, {row['population']} entries: median sigma2 over layers "
+        f"{Estimate.read(row, 'sigma2_median').text()} binades; mu2 from {row['mu2_low_mean']:.1f} to "
+        f"{row['mu2_high_mean']:.1f} over layers ({row['seeds']} seeds)."
+        for row in summary
+    ]
     return Result(
-        caption=caption,
+        caption=_a1_caption(groups, *detail, steps),
         tables={
-            "main": Table("Per-layer statistics at the last probed step", rows),
+            "main": Table("Per-layer statistics at the last probed step", layers.rows()),
+            "models": Table("Per model and population: spread of the layers", summary),
             "histograms": Table("Histograms drawn (first seed)", histograms, markdown=False),
             "linear": Table("Linear-scale histograms drawn (first seed)", linear, markdown=False),
         },
-        headline=headline,
+        findings=findings,
     )
 
 
 # --- A2 -----------------------------------------------------------------------------------------------------
-def goodness_of_fit(settings: GoodnessOfFit, runs: dict[str, RunGroup]) -> Result:
-    unknown = sorted(set(settings.distributions) - set(DISTRIBUTIONS))
-    if unknown:
-        raise ValueError(
-            f"experiments.A2.distributions: unknown {unknown}; choose from {sorted(DISTRIBUTIONS)}"
-        )
-    groups = _groups(settings, runs)
+def _fits(settings: GoodnessOfFit, groups: list[RunGroup]) -> tuple[PerSeed, PerSeed]:
+    """Per seed: the KS statistic D of every layer, tensor kind and family; per model, kind and family the
+    mean D over layers and the share of layers where the family fits best."""
     families = list(settings.distributions)
-    per_layer: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    mean_d: dict[tuple, dict[int, float]] = defaultdict(dict)  # (model, kind, family) -> seed -> mean D
-    best_counts: dict[tuple, list[int]] = defaultdict(list)  # (model, population, family) -> per seed
-    layer_counts: dict[tuple, int] = {}  # (model, population) -> layers fitted
+    per_layer = PerSeed(("model", "kind", "layer", "family"), {"ks_d": FRACTION})
+    per_model = PerSeed(("model", "kind", "family"), {"mean_ks_d": FRACTION, "best_share": FRACTION})
     for group in groups:
         # every family on both gradient populations; the detailed run's weights and activations for contrast
         kinds = [*POPULATIONS, *(KINDS[1:] if group is groups[0] else ())]
         for seed, run in group.runs.items():
             probe = _probe(run)
             last = int(probe["step"].max())
-            seed_d: dict[tuple, list[float]] = defaultdict(list)
             for kind in kinds:
-                best = []
+                chosen = families if kind in POPULATIONS else ["lognormal"]
+                fitted = []
                 for index in _rows(probe, kind, last):
                     samples = probe["samples"][index]
-                    chosen = families if kind in POPULATIONS else ["lognormal"]
                     fits = ks_statistics(np.abs(samples[np.isfinite(samples)]), chosen)
                     if not np.isfinite(list(fits.values())).all():
                         continue  # too few non-zero samples to fit
+                    layer = str(probe["layer"][index])
                     for family, statistic in fits.items():
-                        per_layer[group.model, kind, str(probe["layer"][index]), family]["ks_d"].append(
-                            statistic
+                        per_layer.add(
+                            seed,
+                            {"model": group.model, "kind": kind, "layer": layer, "family": family},
+                            ks_d=statistic,
                         )
-                        seed_d[kind, family].append(statistic)
-                    best.append(min(fits, key=fits.get))
-                if kind in POPULATIONS and best:
-                    layer_counts[group.model, kind] = len(best)
-                    for family in families:
-                        best_counts[group.model, kind, family].append(best.count(family))
-            for (kind, family), values in seed_d.items():
-                mean_d[group.model, kind, family][seed] = float(np.mean(values))
-    layers = _aggregate(per_layer, ("model", "kind", "layer", "family"))
-    rows = [
-        {
-            "model": model,
-            "kind": kind,
-            "family": family,
-            **Estimate.of(list(values.values())).columns("mean_ks_d"),
-            "best_in_layers_mean": (
-                float(np.mean(best_counts[model, kind, family])) if kind in POPULATIONS else None
-            ),
-            "layers": layer_counts.get((model, kind)),
-            "seeds": len(values),
-        }
-        for (model, kind, family), values in mean_d.items()
-    ]
+                    fitted.append(fits)
+                for family in chosen:
+                    if fitted:
+                        best = sum(min(fits, key=fits.get) == family for fits in fitted) / len(fitted)
+                        per_model.add(
+                            seed,
+                            {"model": group.model, "kind": kind, "family": family},
+                            mean_ks_d=float(np.mean([fits[family] for fits in fitted])),
+                            best_share=best if kind in POPULATIONS else None,
+                            layers=len(fitted),
+                        )
+    return per_layer, per_model
 
-    def average(model: str, kind: str, family: str) -> float:
-        return float(np.mean(list(mean_d[model, kind, family].values())))
 
-    # paired by seed, on all non-zero entries (every model has them): on the detailed run every family
-    # against the lognormal, on each other model its best alternative against the lognormal
-    pairs, notes = [], []
+def _a2_caption(settings: GoodnessOfFit, groups: list[RunGroup]) -> str:
+    return f"""Kolmogorov-Smirnov statistic D (lower is better) of |g| against distributions fitted by
+        maximum likelihood (location 0): {", ".join(settings.distributions)}, per layer, on the reservoir
+        samples (non-zero values) at the last probed step, for both gradient populations (entries whose
+        gradient at the following BatchNorm's output is non-zero, what the reference code fits, and all
+        non-zero entries). Top left: {groups[0].model}, every family (boxes over layers, dots: each layer's
+        mean over seeds). Top right: its lognormal D of gradients next to that of weights and activations of
+        the same layers. Bottom left: the lognormal D per model and population; bottom right: the share of
+        layers where each family fits best (mean over seeds), per model and population. {_context(groups)}.
+        Table: mean D over layers, mean and 95 % CI over the seeds; comparisons, on all non-zero entries
+        paired by seed, Holm over them: on every model the lognormal's mean D against each other family's
+        (better: the lognormal fits better); the claim holds where it fits better than each light-tailed
+        family ({", ".join(settings.light_tailed)}) on every model."""
+
+
+def goodness_of_fit(settings: GoodnessOfFit, runs: dict[str, RunGroup]) -> Result:
+    """A2: how well a lognormal and its alternatives fit |g|, per layer, population and model."""
+    unknown = sorted(set(settings.distributions) - set(DISTRIBUTIONS))
+    if unknown:
+        raise ValueError(
+            f"experiments.A2.distributions: unknown {unknown}; choose from {sorted(DISTRIBUTIONS)}"
+        )
+    groups = _groups(settings, runs)
+    per_layer, per_model = _fits(settings, groups)
+    others = [family for family in settings.distributions if family != "lognormal"]
+    pairs = []
     for group in groups:
-        fitted = [f for f in families if (group.model, "gradient", f) in mean_d]
-        if "lognormal" not in fitted:
-            continue
-        order = sorted(fitted, key=lambda f: average(group.model, "gradient", f))
         short = group.config["model"]
-        chosen = [f for f in order if f != "lognormal"][: None if group is groups[0] else 1]
-        pairs += [
-            (
-                (f"{family} D ({short})", mean_d[group.model, "gradient", family]),
-                (f"lognormal D ({short})", mean_d[group.model, "gradient", "lognormal"]),
+        lognormal = per_model.values(
+            {"model": group.model, "kind": "gradient", "family": "lognormal"}, "mean_ks_d"
+        )
+        for family in others:
+            pairs.append(
+                Pair(
+                    f"lognormal ({short})",
+                    f"{family} ({short})",
+                    lognormal,
+                    per_model.values(
+                        {"model": group.model, "kind": "gradient", "family": family}, "mean_ks_d"
+                    ),
+                    unit="D",
+                    factor=1.0,
+                    higher_is_better=False,
+                    scale=group.scale,
+                )
             )
-            for family in chosen
-        ]
-        if order[0] != "lognormal":
-            notes.append(
-                f"{group.model}: {order[0]} fits all non-zero gradient entries better than the lognormal on "
-                f"average (mean D {average(group.model, 'gradient', order[0]):.3f} against "
-                f"{average(group.model, 'gradient', 'lognormal'):.3f}; the comparison below says whether "
-                f"beyond seed noise); worst: {order[-1]}."
-            )
-    comparisons = compare(pairs, scale=1.0, unit="D")
-    headline: dict = {}
-    for group in groups:
-        numbers = {}
-        for kind in POPULATIONS:
-            fitted = {f: average(group.model, kind, f) for f in families if (group.model, kind, f) in mean_d}
-            if fitted:
-                numbers[f"{kind}_mean_ks_d"] = fitted
-                counts = {f: float(np.mean(best_counts[group.model, kind, f])) for f in families}
-                numbers[f"{kind}_best_family_counts_mean"] = {f: n for f, n in counts.items() if n}
-        headline[group.model] = numbers
-    caption = f"""Kolmogorov-Smirnov statistic D (lower is better) of |g| against distributions fitted by
-        maximum likelihood (location 0): {", ".join(families)}, per layer, on the reservoir samples (non-zero
-        values) at the last probed step, for both gradient populations (entries whose gradient at the
-        following BatchNorm's output is non-zero, what the reference code fits, and all non-zero entries).
-        Top left: {groups[0].model}, every family (boxes over layers, dots: each layer's mean over seeds).
-        Top right: its lognormal D of gradients next to that of weights and activations of the same layers.
-        Bottom left: the lognormal D per model and population; bottom right: the share of layers where each
-        family fits best (mean over seeds), per model and population. {_context(groups)}. Table: mean D over
-        layers, mean and 95 % CI over the seeds; comparisons, on all non-zero entries paired by seed: on
-        {groups[0].model} every family against the lognormal, on each other model its best alternative
-        against the lognormal (negative: fits better than the lognormal)."""
+    comparisons = compare(pairs)
+    size = len(others)
+    findings = [
+        f"{group.model}, mean D on all non-zero entries, {summarise(comparisons[i * size : (i + 1) * size])}."
+        for i, group in enumerate(groups)
+    ]
+    light = [
+        c
+        for c, pair in zip(comparisons, pairs, strict=True)
+        if pair.b.split(" (")[0] in settings.light_tailed
+    ]
     return Result(
-        caption=caption,
+        caption=_a2_caption(settings, groups),
         tables={
-            "main": Table("Mean KS statistic over layers", rows),
-            "layers": Table("KS statistic per layer", layers, markdown=False),
+            "main": Table("Mean KS statistic over layers", per_model.rows()),
+            "layers": Table("KS statistic per layer", per_layer.rows(), markdown=False),
         },
         comparisons=comparisons,
-        headline=headline,
-        notes=notes,
+        findings=findings,
+        claims=[differs("L1", light, BETTER)],
     )
 
 
 # --- A3 -----------------------------------------------------------------------------------------------------
-def statistics_over_training(settings: AcrossModels, runs: dict[str, RunGroup]) -> Result:
-    groups = _groups(settings, runs)
-    curves: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    summary: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    per_seed: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
+def _trajectories(groups: list[RunGroup]) -> tuple[PerSeed, PerSeed, PerSeed, dict]:
+    """Per seed: every layer's (mu2, sigma2) at every probed step; per step the spread of mu2 over the
+    layers and their mean sigma2; per model and population the last step's spread and mean sigma2 and the
+    drift of the layers' mean mu2 from the first step where every layer has a finite fit."""
+    curves = PerSeed(("model", "population", "layer", "step"), {"log2_std": POSITIVE})
+    over_training = PerSeed(
+        ("model", "population", "step"), {"mu2_spread": POSITIVE, "sigma2_mean": POSITIVE}
+    )
+    final = PerSeed(("model", "population"), {"mu2_spread": POSITIVE, "sigma2_mean": POSITIVE})
     depths: dict[tuple[str, str], float] = {}
-    firsts = set()
     for group in groups:
-        for run in group.runs.values():
+        for seed, run in group.runs.items():
             probe = _probe(run)
             depths |= {(group.model, layer): d for layer, d in _layer_order(probe).items()}
             for population, name in POPULATIONS.items():
@@ -384,69 +388,90 @@ def statistics_over_training(settings: AcrossModels, runs: dict[str, RunGroup]) 
                 if not rows:
                     continue
                 for layer, step, mean, std in rows:
-                    curves[group.model, name, layer, step]["log2_mean"].append(mean)
-                    curves[group.model, name, layer, step]["log2_std"].append(std)
-                layers = {row[0] for row in rows}
+                    curves.add(
+                        seed,
+                        {"model": group.model, "population": name, "layer": layer, "step": step},
+                        log2_mean=mean,
+                        log2_std=std,
+                    )
+                count = len({row[0] for row in rows})
                 complete = sorted(
-                    s for s in {row[1] for row in rows} if sum(row[1] == s for row in rows) == len(layers)
+                    s for s in {row[1] for row in rows} if sum(row[1] == s for row in rows) == count
                 )
+                means = {}
                 for step in complete:
-                    means = [row[2] for row in rows if row[1] == step]
-                    summary[group.model, name, step]["mu2_spread"].append(max(means) - min(means))
-                    summary[group.model, name, step]["sigma2_mean"].append(
-                        float(np.nanmean([row[3] for row in rows if row[1] == step]))
+                    mine = [row for row in rows if row[1] == step]
+                    means[step] = float(np.mean([row[2] for row in mine]))
+                    spread = max(row[2] for row in mine) - min(row[2] for row in mine)
+                    sigma = float(np.nanmean([row[3] for row in mine]))
+                    over_training.add(
+                        seed,
+                        {"model": group.model, "population": name, "step": step},
+                        mu2_spread=spread,
+                        sigma2_mean=sigma,
                     )
                 first, last = complete[0], complete[-1]
-                firsts.add(first)
-                final = summary[group.model, name, last]
-                per_seed[group.model, name]["spread"].append(final["mu2_spread"][-1])
-                per_seed[group.model, name]["sigma"].append(final["sigma2_mean"][-1])
-                means = {step: np.mean([row[2] for row in rows if row[1] == step]) for step in (first, last)}
-                per_seed[group.model, name]["drift"].append(float(means[last] - means[first]))
-    table = _aggregate(curves, ("model", "population", "layer", "step"))
-    over_training = _aggregate(summary, ("model", "population", "step"))
+                key = {"model": group.model, "population": name}
+                final.add(
+                    seed,
+                    key,
+                    mu2_spread=over_training.values(key | {"step": last}, "mu2_spread")[seed],
+                    sigma2_mean=over_training.values(key | {"step": last}, "sigma2_mean")[seed],
+                    mu2_drift=means[last] - means[first],
+                    drift_from_step=first,
+                )
+    return curves, over_training, final, depths
+
+
+def _a3_caption(groups: list[RunGroup], last_steps: set[int]) -> str:
+    return f"""Mean (mu2) and standard deviation (sigma2) of log2|g| of each probed layer's neural
+        gradient (probe every few steps), for two populations: the entries whose gradient at the following
+        BatchNorm's output is non-zero (what the reference code fits) and all non-zero entries (with
+        BatchNorm's small mean corrections where the activation zeroed the gradient). Top rows: every layer
+        of {groups[0].model} against the training step, one row per population, coloured by the layer's
+        depth (colour bar); lines: mean over the seeds, bands: 95 % CI (left out where many layers would
+        overlap). Bottom rows, every model: mu2 and sigma2 of each layer at its last probed step against the
+        layer's relative depth (0: first probed layer, 1: last) and, over training, the spread of mu2 over
+        layers (max - min) and the mean sigma2; solid: BatchNorm-output non-zero entries, dashed: all
+        non-zero. {_context(groups)}. Layers sit binades apart and drift during training, which is why one
+        global loss scale may not suit them all; sigma2 sets the exponent bits an FP format needs. The table
+        gives every model's layers at the last probed step ({_steps(last_steps)}); the spread of mu2 over
+        layers, mean sigma2 and drift of the mean mu2 are computed per model, seed and population (the drift
+        from each model's first step at which every layer has a finite fit: its own drift_from_step), then
+        averaged over seeds."""
+
+
+def statistics_over_training(settings: AcrossModels, runs: dict[str, RunGroup]) -> Result:
+    """A3: per-layer mu2 and sigma2 over training, and their spread over layers, in every model."""
+    groups = _groups(settings, runs)
+    curves, over_training, final, depths = _trajectories(groups)
+    table = curves.rows()
     last_steps: dict[str, int] = {}
     for row in table:
         last_steps[row["model"]] = max(row["step"], last_steps.get(row["model"], row["step"]))
-    final = [
+    at_last = [
         {**row, "depth": depths[row["model"], row["layer"]]}
         for row in table
         if row["step"] == last_steps[row["model"]]
     ]
-    headline: dict = {"drift_from_step": min(firsts)}
-    for group in groups:
-        numbers = {"layers": len({row["layer"] for row in final if row["model"] == group.model})}
-        for name in POPULATIONS.values():
-            values = per_seed.get((group.model, name))
-            if values:
-                numbers[name] = {
-                    "mu2_spread_last_step": Estimate.of(values["spread"]).columns("binades"),
-                    "sigma2_mean_last_step": Estimate.of(values["sigma"]).columns("binades"),
-                    "mu2_mean_drift": Estimate.of(values["drift"]).columns("binades"),
-                }
-        headline[group.model] = numbers
-    caption = f"""Mean (mu2) and standard deviation (sigma2) of log2|g| of each probed layer's neural
-        gradient (probe every few steps), for two populations: the entries whose gradient at the following
-        BatchNorm's output is non-zero (what the reference code fits) and all non-zero entries (with
-        BatchNorm's small mean corrections where the activation zeroed the gradient). Top rows: every layer
-        of {groups[0].model} against the training step, one row per population; lines: mean over the seeds,
-        bands: 95 % CI (left out where many layers would overlap). Bottom rows, every model: mu2 and sigma2
-        of each layer at its last probed step against the layer's relative depth (0: first probed layer, 1:
-        last) and, over training, the spread of mu2 over layers (max - min) and the mean sigma2; solid:
-        BatchNorm-output non-zero entries, dashed: all non-zero. {_context(groups)}. Layers sit binades
-        apart and drift during training, which is why one global loss scale may not suit them all; sigma2
-        sets the exponent bits an FP format needs.
-        The table gives every model's layers at the last probed step ({_steps(set(last_steps.values()))});
-        the headline's spread of mu2 over layers, mean sigma2 and drift (from step {min(firsts)}) are
-        computed per model, seed and population, then averaged over seeds."""
+    summary = final.rows()
+    findings = [
+        f"{row['model']}, {row['population']} entries, at the last probed step: mu2 spread over layers "
+        f"{Estimate.read(row, 'mu2_spread').text()} binades, mean sigma2 "
+        f"{Estimate.read(row, 'sigma2_mean').text()}; "
+        f"the layers' mean mu2 moved {Estimate.read(row, 'mu2_drift').text()} binades from step "
+        f"{row['drift_from_step_mean']:g} ({row['seeds']} seeds)."
+        for row in summary
+    ]
     return Result(
-        caption=caption,
+        caption=_a3_caption(groups, set(last_steps.values())),
         tables={
-            "main": Table("Per-layer statistics at the last probed step", final),
+            "main": Table("Per-layer statistics at the last probed step", at_last),
+            "models": Table("Per model and population: spread, mean sigma2 and drift", summary),
             "curves": Table("Per-layer statistics at every probed step", table, markdown=False),
             "over_training": Table(
-                "Spread of mu2 over layers and mean sigma2, per step", over_training, markdown=False
+                "Spread of mu2 over layers and mean sigma2, per step", over_training.rows(), markdown=False
             ),
         },
-        headline=headline,
+        findings=findings,
     )

@@ -12,15 +12,20 @@ from scipy import stats
 from gradcomp import fp_theory
 from gradcomp.analysis.accuracy import (
     WithinModels,
-    compare_accuracy,
-    noise_floor,
+    claim_of,
+    gap_cells,
+    gap_columns,
+    model_finding,
     per_seed_table,
     run_row,
-    with_gaps,
+    scale_note,
 )
-from gradcomp.analysis.runs import RunGroup, one_per_model, training_context
-from gradcomp.analysis.seeds import Estimate
+from gradcomp.analysis.claims import INCONCLUSIVE as INCONCLUSIVE_CLAIM
+from gradcomp.analysis.claims import REFUTED, SHOWN, Decision, computed
+from gradcomp.analysis.runs import RunGroup, accuracy_estimate, model_key, training_context
+from gradcomp.analysis.seeds import ALPHA, POSITIVE, Estimate, PerSeed, number, spearman
 from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, compare, summarise
 from gradcomp.compress import layer_log2_scale
 from gradcomp.experiments import CompareWithinModels, FailurePairs, FpTheory, Scaling
 from gradcomp.formats import FPFormat, parse_format
@@ -32,6 +37,7 @@ _LN2 = math.log(2.0)
 MONTE_CARLO_FORMATS = ("e5m2", "e4m3", "e4m1", "e3m1", "e3m0")
 MONTE_CARLO_SIGMAS = (1.5, 3.0)
 SCALE_SIGMAS = (1.0, 2.0, 3.0, 4.0)  # sigma2 of the curves of panel (a)
+FP4 = 4  # the bit width of the claim's predicted format [1,3,0]
 
 
 # --- A4 -----------------------------------------------------------------------------------------------------
@@ -48,14 +54,19 @@ def _monte_carlo_mse(fmt_name: str, sigma2: float, log2_scale: float, numel: int
     return float((((q.double() - x.double()) / x.double()) ** 2).mean())
 
 
-def fp_mse_theory(settings: FpTheory, runs: dict[str, RunGroup]) -> Result:
-    sigmas = torch.linspace(0.25, 6.0, 47, dtype=torch.float64)
+def _sigma_grid() -> torch.Tensor:
+    return torch.linspace(0.25, 6.0, 47, dtype=torch.float64)
+
+
+def _curves(settings: FpTheory) -> dict[str, Table]:
+    """The figure's curves: MSE against the scale (a) and sigma (b), and the optimal E against sigma (c)."""
+    sigmas = _sigma_grid()
     grid = parse_format("e4m1").positive_values()
-    offsets = torch.linspace(-30, 20, 201, dtype=torch.float64)
+    centres = torch.linspace(-30, 20, 201, dtype=torch.float64)
     by_scale = [
-        {"sigma_log2": sigma2, "log2_scale_minus_mu2": float(offset), "relative_mse": float(mse)}
+        {"sigma_log2": sigma2, "log2_scale_plus_mu2": float(centre), "relative_mse": float(mse)}
         for sigma2 in SCALE_SIGMAS
-        for offset, mse in zip(offsets, fp_theory.relative_mse(grid, sigma2, offsets), strict=True)
+        for centre, mse in zip(centres, fp_theory.relative_mse(grid, sigma2, centres), strict=True)
     ]
     by_sigma = [
         {"exp_bits": exp_bits, "sigma_log2": float(sigma), "relative_mse": float(value)}
@@ -68,21 +79,17 @@ def fp_mse_theory(settings: FpTheory, runs: dict[str, RunGroup]) -> Result:
         for kind in settings.kinds
         for sigma, best in zip(sigmas, fp_theory.optimal_exp_bits(bits, sigmas, kind), strict=True)
     ]
-    switch_points = [
-        {"bits": bits, "grid": kind, "exp_bits": exp_bits, "from_sigma_log2": sigma}
-        for bits in settings.bits
-        for kind in settings.kinds
-        for exp_bits, sigma in fp_theory.switch_points(bits, kind).items()
-    ]
+    return {
+        "by_scale": Table("(a) relative MSE against the scale", by_scale, markdown=False),
+        "by_sigma": Table("(b) relative MSE against sigma2, 6 bits", by_sigma, markdown=False),
+        "optimum": Table("(c) optimal exponent bits against sigma2", optimum, markdown=False),
+    }
+
+
+def _named_formats(settings: FpTheory) -> list[dict]:
+    """Each named format at its own MSE-optimal scale, at every sigma of the settings."""
     chosen = torch.tensor(settings.sigmas, dtype=torch.float64)
-    relative_mse = [
-        {"bits": bits, "grid": kind, "sigma_log2": sigma, "exp_bits": exp_bits, "relative_mse": value}
-        for bits in settings.bits
-        for kind in settings.kinds
-        for exp_bits, mse in fp_theory.mse_by_exp_bits(bits, chosen, kind).items()
-        for sigma, value in zip(settings.sigmas, mse.tolist(), strict=True)
-    ]
-    named = [
+    return [
         {
             "format": fmt.name,
             "bits": fmt.bits,
@@ -100,58 +107,102 @@ def fp_mse_theory(settings: FpTheory, runs: dict[str, RunGroup]) -> Result:
             settings.sigmas, *(v.tolist() for v in fp_theory.optimal_log2_scale(fmt, chosen)), strict=True
         )
     ]
-    checks = []
-    for name in MONTE_CARLO_FORMATS:
-        for sigma2 in MONTE_CARLO_SIGMAS:
-            fmt_grid = parse_format(name).positive_values()
-            log2_scale, analytic = fp_theory.optimal_log2_scale(
-                fmt_grid, torch.tensor(sigma2, dtype=torch.float64)
-            )
-            measured = [
-                _monte_carlo_mse(
-                    name, sigma2, float(log2_scale), settings.monte_carlo, 1000 * seed + len(checks)
-                )
-                for seed in settings.seeds
-            ]
-            checks.append(
-                {
-                    "format": name,
-                    "sigma_log2": sigma2,
-                    "optimal_log2_scale": float(log2_scale),
-                    "analytic_relative_mse": float(analytic),
-                    **Estimate.of(measured).columns("monte_carlo_relative_mse"),
-                    "seeds": len(measured),
-                    "ratio": float(np.mean(measured)) / float(analytic),
-                }
-            )
 
-    def best_at(bits: int, kind: str, sigma2: float) -> int:
-        return int(fp_theory.optimal_exp_bits(bits, torch.tensor([sigma2], dtype=torch.float64), kind)[0])
 
-    headline = {
-        "monte_carlo_max_relative_deviation": max(abs(row["ratio"] - 1) for row in checks),
-        "optimal_exp_bits_sigma2_3": {
-            f"{b}b {k}": best_at(b, k, 3.0) for b in settings.bits for k in settings.kinds
-        },
-        "named_relative_mse_sigma2_3": {
-            row["format"]: row["relative_mse"] for row in named if row["sigma_log2"] == 3
-        },
-    }
-    caption = f"""Exact relative MSE E[(Q(x)-x)^2]/E[x^2] of nearest rounding of a lognormal (log2|x| ~
-        N(mu2, sigma2^2)) to FP grids, from gradcomp.fp_theory. (a) Against the scale for FP6 [1,4,1]
-        (saturating, with subnormals): an optimum between underflow and overflow. (b) At the optimal scale
-        against sigma2 for every exponent/mantissa split of 6 bits (idealised grid). (c) The optimal number
-        of exponent bits against sigma2 for {", ".join(map(str, settings.bits))}-bit formats on the
-        {", ".join(settings.kinds)} grids (idealised: 2^E binades of 2^M levels; saturate, inf and fn: real
-        formats with subnormals, every code a number, IEEE-like, or only the all-ones code reserved as in
-        float8_e4m3fn): the optimum moves. (d) Analytic MSE against
-        Monte-Carlo estimates with quantize_fp at the optimal scale ({settings.monte_carlo:,} samples from
-        the energy-tilted lognormal, which has the same relative MSE and a far smaller variance; mean and 95
-        % CI over {len(settings.seeds)} seeds). Tables also give named formats ({", ".join(settings.formats)}:
-        the ml_dtypes / OCP dtypes) at their own MSE-optimal scale; the theory clamps at the largest value
-        whatever a format does on overflow (saturate, Inf or NaN)."""
+def _monte_carlo_checks(settings: FpTheory) -> list[dict]:
+    """Analytic MSE against Monte-Carlo estimates with quantize_fp at the optimal scale, one per seed."""
+    measured = PerSeed(("format", "sigma_log2"), {"monte_carlo_relative_mse": POSITIVE})
+    analytic = {}
+    for index, (name, sigma2) in enumerate(
+        (name, sigma2) for name in MONTE_CARLO_FORMATS for sigma2 in MONTE_CARLO_SIGMAS
+    ):
+        grid = parse_format(name).positive_values()
+        log2_scale, mse = fp_theory.optimal_log2_scale(grid, torch.tensor(sigma2, dtype=torch.float64))
+        analytic[name, sigma2] = (float(log2_scale), float(mse))
+        for seed in settings.seeds:
+            value = _monte_carlo_mse(
+                name, sigma2, float(log2_scale), settings.monte_carlo, 1000 * seed + index
+            )
+            measured.add(seed, {"format": name, "sigma_log2": sigma2}, monte_carlo_relative_mse=value)
+    rows = []
+    for row in measured.rows():
+        log2_scale, mse = analytic[row["format"], row["sigma_log2"]]
+        ratio = row["monte_carlo_relative_mse_mean"] / mse
+        rows.append({**row, "optimal_log2_scale": log2_scale, "analytic_relative_mse": mse, "ratio": ratio})
+    return rows
+
+
+def _fp4_claim(settings: FpTheory, switch_points: list[dict]) -> list:
+    """L2: the optimal E never falls as sigma grows (every grid and bit width), and 4 bits at the measured
+    gradients' sigma2 are best split [1,3,0] on the idealised grid the claim's analysis uses."""
+    sigmas = _sigma_grid()
+    monotone = all(
+        bool((fp_theory.optimal_exp_bits(bits, sigmas, kind).diff() >= 0).all())
+        for bits in settings.bits
+        for kind in settings.kinds
+    )
+    low, high = settings.gradient_sigma2
+    span = torch.linspace(low, high, 9, dtype=torch.float64)
+    fp4 = sorted({int(e) for e in fp_theory.optimal_exp_bits(FP4, span, "ideal")})
+    points = "; ".join(
+        f"{bits} bits: "
+        + ", ".join(_switch(row) for row in switch_points if row["bits"] == bits and row["grid"] == "ideal")
+        for bits in settings.bits
+    )
+    evidence = (
+        f"optimal E non-decreasing in sigma2 on every grid: {'yes' if monotone else 'no'} ({points}); "
+        f"4-bit optimum at sigma2 {low:g}-{high:g}: E = {', '.join(map(str, fp4))}"
+    )
+    return [computed("L2", monotone and fp4 == [3], evidence, "analytic (fp_theory), no training")]
+
+
+def _switch(row: dict) -> str:
+    return f"E={row['exp_bits']} from {row['from_sigma_log2']:.2g}"
+
+
+def _a4_caption(settings: FpTheory) -> str:
+    return f"""Exact relative MSE E[(Q(x)-x)^2]/E[x^2] of nearest rounding of a lognormal (log2|x| ~
+        N(mu2, sigma2^2)) to FP grids, from gradcomp.fp_theory. (a) Against log2 scale + mu2 (the mean of
+        log2|x·scale|) for FP6 [1,4,1] (saturating, with subnormals): an optimum between underflow and
+        overflow. (b) At the optimal scale against sigma2 for every exponent/mantissa split of 6 bits
+        (idealised grid). (c) The optimal number of exponent bits against sigma2 for
+        {", ".join(map(str, settings.bits))}-bit formats on the {", ".join(settings.kinds)} grids (idealised:
+        2^E binades of 2^M levels; saturate, inf and fn: real formats with subnormals, every code a number,
+        IEEE-like, or only the all-ones code reserved as in float8_e4m3fn): the optimum moves. (d) Analytic
+        MSE against Monte-Carlo estimates with quantize_fp at the optimal scale ({settings.monte_carlo:,}
+        samples from the energy-tilted lognormal, which has the same relative MSE and a far smaller
+        variance; mean and 95 % CI over {len(settings.seeds)} seeds). Tables also give named formats
+        ({", ".join(settings.formats)}: the ml_dtypes / OCP dtypes) at their own MSE-optimal scale; the
+        theory clamps at the largest value whatever a format does on overflow (saturate, Inf or NaN)."""
+
+
+def fp_mse_theory(settings: FpTheory, runs: dict[str, RunGroup]) -> Result:
+    """A4: the MSE theory of FP formats for lognormal values, checked by Monte-Carlo."""
+    switch_points = [
+        {"bits": bits, "grid": kind, "exp_bits": exp_bits, "from_sigma_log2": sigma}
+        for bits in settings.bits
+        for kind in settings.kinds
+        for exp_bits, sigma in fp_theory.switch_points(bits, kind).items()
+    ]
+    chosen = torch.tensor(settings.sigmas, dtype=torch.float64)
+    relative_mse = [
+        {"bits": bits, "grid": kind, "sigma_log2": sigma, "exp_bits": exp_bits, "relative_mse": value}
+        for bits in settings.bits
+        for kind in settings.kinds
+        for exp_bits, mse in fp_theory.mse_by_exp_bits(bits, chosen, kind).items()
+        for sigma, value in zip(settings.sigmas, mse.tolist(), strict=True)
+    ]
+    checks = _monte_carlo_checks(settings)
+    named = _named_formats(settings)
+    worst = max(checks, key=lambda row: abs(row["ratio"] - 1))
+    findings = [
+        f"Monte-Carlo estimates with quantize_fp agree with the analytic MSE within "
+        f"{abs(worst['ratio'] - 1):.1%} (largest deviation: {worst['format']} at sigma2 "
+        f"{worst['sigma_log2']:g}, {Estimate.read(worst, 'monte_carlo_relative_mse').text()} against "
+        f"{number(worst['analytic_relative_mse'])}).",
+    ]
     return Result(
-        caption=caption,
+        caption=_a4_caption(settings),
         tables={
             "main": Table("Analytic vs Monte-Carlo relative MSE at the optimal scale", checks),
             "formats": Table("Relative MSE of named formats at their MSE-optimal scale", named),
@@ -162,11 +213,10 @@ def fp_mse_theory(settings: FpTheory, runs: dict[str, RunGroup]) -> Result:
             "relative_mse": Table(
                 "Relative quantization MSE of a lognormal at the MSE-optimal scale", relative_mse
             ),
-            "by_scale": Table("(a) relative MSE against the scale", by_scale, markdown=False),
-            "by_sigma": Table("(b) relative MSE against sigma2, 6 bits", by_sigma, markdown=False),
-            "optimum": Table("(c) optimal exponent bits against sigma2", optimum, markdown=False),
+            **_curves(settings),
         },
-        headline=headline,
+        findings=findings,
+        claims=_fp4_claim(settings, switch_points),
     )
 
 
@@ -183,8 +233,10 @@ def _mean_sigma2(group: RunGroup) -> float:
 
 
 def _fp_row(group: RunGroup) -> dict:
-    """An FP run's row: its format and scaling, and its accuracy over seeds."""
-    policy = group.policy
+    """A run's row: its format and scaling (fp32 for the uncompressed run), and its accuracy over seeds."""
+    if group.policy.family == "none":
+        return {**run_row(group), "format": group.label, "bits": 32, "scaling": None}
+    policy = _fp_member(group)
     return {
         **run_row(group),
         "format": policy.format_label,
@@ -193,37 +245,44 @@ def _fp_row(group: RunGroup) -> dict:
     }
 
 
-def _baseline_row(group: RunGroup) -> dict:
-    return {**run_row(group), "format": group.label, "bits": 32, "scaling": None}
-
-
-def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
-    models = WithinModels.of(settings.baselines, settings.runs, runs, "experiments.A5.baseline")
-    comparisons = models.gaps()
-    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=True)}
-    rows, headline = [], {}
-    for baseline in models.baselines:
-        arms = models.arms_of(baseline)
-        model = {"model": models.name(baseline)}
-        ordered = sorted((_fp_row(arm) for arm in arms), key=lambda r: (-r["bits"], r["format"]))
-        rows += [model | _baseline_row(baseline), *(model | row for row in ordered)]
-        headline[models.name(baseline)] = models.headline(baseline, gaps)
-    with_gaps(rows, gaps)
+def _a5_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
     rounding = "/".join(dict.fromkeys(arm.policy.rounding for arm in models.arms))
     scaling = "; ".join(dict.fromkeys(arm.policy.scaling_rule for arm in models.arms))
     panels = "one panel per model, each with" if models.several else "with"
-    caption = f"""Final test accuracy when the gradient at every compression point of the model (below) is
+    return f"""Final test accuracy when the gradient at every compression point of the model (below) is
         rounded ({rounding}) to an n-bit [1,E,M] format, scaled {scaling}, refreshed every step;
-        {panels} the dashed line and band of the
-        uncompressed run of {"its" if models.several else "the"} model (mean and 95 % CI). Bars: mean over
-        seeds with 95 % CI; dots: each seed. Models ({models.caption()}). {training_context(runs)}. Each
-        format is compared with the uncompressed run of its own model, paired by seed (same initialisation
-        and data order) with a paired t-test; the headline gives, per model, the noise floor (the
-        baseline's seed-to-seed sd) and each format's gap with its interval."""
+        {panels} the dashed line and band of the uncompressed run of {"its" if models.several else "the"}
+        model (mean and 95 % CI). Points: mean over seeds with 95 % CI; dots: each seed. Models
+        ({models.caption()}). {training_context(runs)}. Each format is compared with the uncompressed run of
+        its own model and scale, paired by seed (same initialisation and data order), and an arm that only
+        starts compressing later with the same arm at the default schedule; verdicts after Holm over the
+        comparisons, equivalence by two one-sided tests at the settings' margin."""
+
+
+def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
+    """A5: accuracy with FP gradient formats, each arm against fp32 of its own model and scale."""
+    models = WithinModels.of(
+        settings.present(settings.baselines, runs),
+        settings.present(settings.runs, runs),
+        "experiments.A5.baseline",
+    )
+    comparisons = compare(
+        models.gap_pairs(settings.margin) + models.pairs(models.schedules(), settings.margin)
+    )
+    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
+    rows = []
+    for baseline in models.baselines:
+        ordered = sorted(map(_fp_row, models.arms_of(baseline)), key=lambda r: (-r["bits"], r["format"]))
+        rows += [{"model": models.name(baseline), **row} for row in [_fp_row(baseline), *ordered]]
+    gap_columns(rows, gaps)
+    findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
+    if len(comparisons) > len(models.arms):
+        findings.append(f"Schedules: {summarise(comparisons[len(models.arms) :])}.")
+    groups = {group.name: group for group in [*models.baselines, *models.arms]}
     return Result(
-        caption=caption,
+        caption=_a5_caption(models, groups),
         tables={
-            "main": Table("Accuracy with FP gradient formats", rows),
+            "main": Table("Accuracy with FP gradient formats", rows, note=scale_note(groups)),
             "baseline": Table(
                 "Uncompressed run of each model",
                 [{"model": models.name(b), **run_row(b)} for b in models.baselines],
@@ -232,73 +291,125 @@ def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Resu
             "seeds": per_seed_table([*models.baselines, *models.arms]),
         },
         comparisons=comparisons,
-        headline=headline,
+        findings=findings,
+        claims=claim_of("L3", settings.claim, gaps),
     )
 
 
 # --- A6 -----------------------------------------------------------------------------------------------------
-def _log2_range(sweep: list[RunGroup]) -> str:
-    scales = [math.log2(group.policy.global_scale) for group in sweep]
-    return f"{min(scales):g} to 2^{max(scales):g}" if scales else "none"
+def _part(group: RunGroup) -> str:
+    """How a run of A6 scales its gradients: per-layer rule, dynamic, or one fixed global scale."""
+    scaling = _fp_member(group).scaling
+    return {"global": "global", "dynamic": "dynamic"}.get(scaling, "per layer")
+
+
+def _reference_rules(models: WithinModels) -> dict[tuple, RunGroup]:
+    """(model and scale, format) -> the run with the per-layer mean rule: what the other scalings of that
+    format are compared with."""
+    references: dict[tuple, RunGroup] = {}
+    for group in models.arms:
+        policy = _fp_member(group)
+        if policy.scaling == "per_layer_mean" and not (group.config.get("compression") or {}).get(
+            "warmup_steps"
+        ):
+            references.setdefault((model_key(group), policy.format_label), group)
+    return references
+
+
+def _predicted_split(splits: list[RunGroup]) -> tuple[float, int | None, RunGroup | None]:
+    """The mean sigma2 measured in the split runs, the exponent bits the theory (saturating grid with
+    subnormals) predicts for it, and the split run with those bits."""
+    sigma2 = float(np.nanmean([_mean_sigma2(group) for group in splits])) if splits else math.nan
+    if not math.isfinite(sigma2):
+        return sigma2, None, None
+    bits = _fp_member(splits[0]).fmt.bits
+    tensor = torch.tensor([sigma2], dtype=torch.float64)
+    predicted = int(fp_theory.optimal_exp_bits(bits, tensor, "saturate")[0])
+    return sigma2, predicted, next((g for g in splits if _fp_member(g).fmt.exp_bits == predicted), None)
+
+
+def _a6_caption(models: WithinModels, references: dict, splits: list[RunGroup], runs) -> str:
+    rules = "; ".join(
+        dict.fromkeys(f"{_fp_member(g).scaling_label}: {_fp_member(g).scaling_rule}" for g in models.arms)
+    )
+    split_text = ", ".join(_fp_member(g).format_label for g in splits)
+    formats = ", ".join(dict.fromkeys(f"{models.name(g)} {label}" for (_, label), g in references.items()))
+    return f"""(a) Accuracy difference from the per-layer mean rule of the same model and format ({formats}),
+        paired by seed (mean and 95 % CI), of one fixed global loss scale for every layer against log2 of
+        that scale, and of dynamic loss scaling and the per-layer min-MSE rule (at the right); the band is
+        the settings' equivalence margin. Rules: {rules}. (b) The splits {split_text} of one bit budget with
+        the per-layer mean rule (points: mean and 95 % CI; dots: each seed) against fp32 (band); the title
+        gives the split the MSE theory (saturating grid with subnormals) predicts from the mean sigma2
+        measured in these runs (the mean over layers and seeds of each layer's last fit). Models
+        ({models.caption()}). {training_context(runs)}. Comparisons: each other scaling against the per-layer
+        mean rule of its model and format, each split against the predicted one; paired by seed, verdicts
+        after Holm over the comparisons, equivalence by two one-sided tests at the margin."""
 
 
 def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
-    baseline = runs[settings.baseline]
-    rules = [runs[name] for name in settings.rules]
-    sweep = sorted((runs[name] for name in settings.sweep), key=lambda group: group.policy.global_scale)
-    splits = [runs[name] for name in settings.splits]
-    reference = rules[0]
-    sigma2 = float(np.nanmean([_mean_sigma2(group) for group in splits])) if splits else math.nan
-    bits = splits[0].policy.fmt.bits if splits else None
-    predicted = (
-        int(fp_theory.optimal_exp_bits(bits, torch.tensor([sigma2], dtype=torch.float64), "saturate")[0])
-        if splits and math.isfinite(sigma2)
-        else None
+    """A6: one global scale (swept), dynamic loss scaling and the per-layer rules, per model and format;
+    the exponent/mantissa split of one bit budget against the theory's choice."""
+    scaled = settings.present([*settings.rules, *settings.sweep], runs)
+    splits = settings.present(settings.splits, runs)
+    models = WithinModels.of(
+        settings.present(settings.baselines, runs), [*scaled, *splits], "experiments.A6.baseline"
     )
-    predicted_group = next((g for g in splits if g.policy.fmt.exp_bits == predicted), None)
-    pairs = [(group, reference) for group in [*sweep, *rules[1:]]]
-    if predicted_group is not None:
-        pairs += [(group, predicted_group) for group in splits if group is not predicted_group]
-    comparisons = compare_accuracy(pairs)
+    references = _reference_rules(models)
+    own = {g.name: references.get((model_key(g), _fp_member(g).format_label)) for g in scaled}
+    versus = [(g, own[g.name]) for g in scaled if own[g.name] is not None and own[g.name] is not g]
+    sigma2, predicted, chosen = _predicted_split(splits)
+    split_pairs = [(g, chosen) for g in splits if chosen is not None and g is not chosen]
+    comparisons = compare(models.pairs([*versus, *split_pairs], settings.margin))
+    against = {a.name: c for (a, _), c in zip(versus, comparisons, strict=False)}
+    split_names = {group.name for group in splits}
     rows = [
         {
-            "part": part,
-            **row(group),
-            "log2_global_scale": math.log2(group.policy.global_scale) if part == "global sweep" else None,
-            "mean_sigma2": _mean_sigma2(group),
+            "part": _part_of(group),
+            "split": group.name in split_names,
+            "model": models.name(group),
+            **_fp_row(group),
+            "log2_global_scale": _global_log2(group),
+            "mean_sigma2": _mean_sigma2(group) if group.policy.family != "none" else None,
+            "versus": own[group.name].label if group.name in against else None,
+            **gap_cells(against.get(group.name)),
         }
-        for part, groups, row in (
-            ("rule", rules, _fp_row),
-            ("global sweep", sweep, _fp_row),
-            ("split", splits, _fp_row),
-            ("fp32", [baseline], _baseline_row),
-        )
-        for group in groups
+        for group in {g.name: g for g in [*scaled, *splits, *models.baselines]}.values()
     ]
-    rule_text = "; ".join(f"{g.policy.scaling_label}: {g.policy.scaling_rule}" for g in rules)
-    split_text = ", ".join(g.policy.format_label for g in splits)
-    caption = f"""(a) Final test accuracy of {reference.policy.format_label} gradients with one fixed global
-        loss scale for every layer, against log2 of that scale (2^{_log2_range(sweep)}; mean and 95 % CI over
-        seeds), next to the other scaling rules (horizontal lines and bands: {rule_text}) and fp32
-        (dashed). (b) The {bits}-bit splits {split_text} with the per-layer mean rule; the title gives the
-        split the MSE theory (saturating grid with subnormals) predicts from the mean sigma2 measured in
-        these runs (the mean over layers and seeds of each layer's last fit). {training_context(runs)}.
-        Comparisons: each global scale and each other rule against the {reference.policy.scaling_label}
-        rule, each split against the predicted one; paired by seed."""
-    headline = {
-        **noise_floor(baseline),
-        "predicted_exp_bits": predicted,
-        "mean_sigma2": sigma2,
+    by_reference = {
+        key: [c for name, c in against.items() if own[name] is reference]
+        for key, reference in references.items()
     }
+    findings = [
+        f"{models.name(references[key])} {key[1]}: {summarise(mine)}."
+        for key, mine in by_reference.items()
+        if mine
+    ]
+    if chosen is not None:
+        findings.append(
+            f"From the mean sigma2 {sigma2:.2f} measured in the split runs the theory predicts "
+            f"{_fp_member(chosen).format_label}; {summarise(comparisons[len(versus) :])}."
+        )
+    groups = {group.name: group for group in [*models.baselines, *models.arms]}
     return Result(
-        caption=caption,
+        caption=_a6_caption(models, references, splits, groups),
         tables={
-            "main": Table("Loss scaling and exponent/mantissa split", rows),
-            "seeds": per_seed_table([*rules, *sweep, *splits, baseline]),
+            "main": Table("Loss scaling and exponent/mantissa split", rows, note=scale_note(groups)),
+            "seeds": per_seed_table([*models.baselines, *models.arms]),
         },
         comparisons=comparisons,
-        headline=headline,
+        findings=findings,
+        facts={"predicted_exp_bits": predicted, "mean_sigma2": sigma2, "margin": settings.margin},
     )
+
+
+def _part_of(group: RunGroup) -> str:
+    return "fp32" if group.policy.family == "none" else _part(group)
+
+
+def _global_log2(group: RunGroup) -> float | None:
+    if group.policy.family == "none" or _fp_member(group).scaling != "global":
+        return None
+    return math.log2(_fp_member(group).global_scale)
 
 
 # --- A10 ----------------------------------------------------------------------------------------------------
@@ -366,13 +477,13 @@ class _Layers:
         """`totals` of one configuration as numbers."""
         return {key: float(value) for key, value in self.totals(prediction).items()}
 
-    def spread(self, settings: FailurePairs) -> float:
+    def spread(self, criterion: _Criterion) -> float:
         """The binades one global scale must cover for every layer to meet the failure criterion: from the
         lowest layer's max_flushed quantile of log2|g| to the highest layer's (1 - max_clipped) quantile.
         The every-layer window is open only where the format's range exceeds it."""
         normal = torch.distributions.Normal(0.0, 1.0)
-        z_flushed = float(normal.icdf(torch.tensor(settings.max_flushed)))
-        z_clipped = float(normal.icdf(torch.tensor(1 - settings.max_clipped)))
+        z_flushed = float(normal.icdf(torch.tensor(criterion.max_flushed)))
+        z_clipped = float(normal.icdf(torch.tensor(1 - criterion.max_clipped)))
         return float((self.mu2 + z_clipped * self.sigma2).max() - (self.mu2 + z_flushed * self.sigma2).min())
 
 
@@ -402,162 +513,140 @@ def _fp_member(group: RunGroup) -> FloatingPoint:
     policies = getattr(group.policy, "policies", (group.policy,))
     fp = [policy for policy in policies if isinstance(policy, FloatingPoint)]
     if len(fp) != 1 or len(policies) != 1:
-        raise ValueError(f"A10 predicts FP runs only; run {group.name!r} is {group.policy.describe()}")
+        raise ValueError(f"an FP run is needed here; run {group.name!r} is {group.policy.describe()}")
     return fp[0]
 
 
-def _model_of(group: RunGroup, baselines: dict[str, RunGroup]) -> RunGroup:
-    """The uncompressed run of `group`'s model."""
-    own = one_per_model(list(baselines.values()), "experiments.A10.baselines").get(group.model)
-    if own is None:
-        raise ValueError(
-            f"run {group.name!r} ({group.model}) has no baseline of its model among "
-            f"{', '.join(baselines)}: add it to experiments.A10.baselines"
-        )
-    return own
+SCOPES = {"element": "predicted", "every-layer": "predicted_worst_layer"}
+FAILS, TRAINS, UNDECIDED = "fails", "trains", "undecided"
 
 
-def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
-    baselines = {name: runs[name] for name in settings.baselines}
-    layers = {name: _Layers.of(group) for name, group in baselines.items()}
-    arms = [runs[name] for name in dict.fromkeys([*(r for p in settings.pairs for r in p), *settings.arms])]
-    own = {arm.name: _model_of(arm, baselines) for arm in arms}
-    predicted = {
-        arm.name: layers[own[arm.name].name].summarise(
-            layers[own[arm.name].name].predict(
-                _fp_member(arm).fmt, _log2_scales(arm, layers[own[arm.name].name])
-            )
+@dataclass(frozen=True)
+class _Criterion:
+    """The predicted failure: more of the non-zero values clipped than `max_clipped`, or flushed to zero
+    than `max_flushed`, counted over all values ("element") or in any one layer ("every-layer")."""
+
+    max_clipped: float
+    max_flushed: float
+    scope: str = "element"
+
+    def fails(self, prediction: dict):
+        """On predicted `totals` (numbers, or tensors over global scales)."""
+        prefix = SCOPES[self.scope]
+        return (prediction[f"{prefix}_clipped"] > self.max_clipped) | (
+            prediction[f"{prefix}_flushed"] > self.max_flushed
         )
-        for arm in arms
-    }
-    gaps = compare_accuracy([(arm, own[arm.name]) for arm in arms])
-    outcome = {
-        arm.name: {
-            "run": arm.name,
-            "model": arm.model,
-            "label": arm.label,
-            "log2_global_scale": math.log2(_fp_member(arm).global_scale)
-            if _fp_member(arm).scaling == "global"
-            else None,
-            **predicted[arm.name],
-            **arm.estimate(lambda run: run.accuracy).columns("accuracy"),
-            **{
-                f"predicted_fails_{_column(scope)}": bool(_fails(predicted[arm.name], settings, scope))
-                for scope in SCOPES
-            },
-            "gap_pt": gap.difference,
-            "gap_ci_low": gap.ci_low,
-            "gap_ci_high": gap.ci_high,
-            "verdict": gap.verdict,
-            "seeds": gap.seeds,
-        }
-        for arm, gap in zip(arms, gaps, strict=True)
-    }
-    recoveries = compare_accuracy([(runs[fixing], runs[failing]) for failing, fixing in settings.pairs])
-    pairs = [
-        {
-            "failing": runs[failing].label,
-            "fixing": runs[fixing].label,
-            "model": runs[failing].model,
-            "failing_predicted_relative_mse": predicted[failing]["predicted_relative_mse"],
-            "fixing_predicted_relative_mse": predicted[fixing]["predicted_relative_mse"],
-            "failing_predicted_flushed": predicted[failing]["predicted_flushed"],
-            "failing_predicted_clipped": predicted[failing]["predicted_clipped"],
-            **runs[failing].estimate(lambda run: run.accuracy).columns("failing_accuracy"),
-            **runs[fixing].estimate(lambda run: run.accuracy).columns("fixing_accuracy"),
-            "failing_run": failing,
-            "fixing_run": fixing,
-            "recovered_pt": comparison.difference,
-            "verdict": comparison.verdict,
-            "seeds": comparison.seeds,
-        }
-        for (failing, fixing), comparison in zip(settings.pairs, recoveries, strict=True)
+
+    @property
+    def text(self) -> str:
+        return (
+            f"more than {self.max_clipped:g} clipped or {self.max_flushed:g} flushed ({self.scope} criterion)"
+        )
+
+
+def _measured(comparison: Comparison) -> str:
+    """What training showed against fp32 of the run's model: fails (worse), trains (equivalent within
+    the margin, or better), undecided (inconclusive)."""
+    return {WORSE: FAILS, EQUIVALENT: TRAINS, BETTER: TRAINS}.get(comparison.verdict, UNDECIDED)
+
+
+def _agreement(rows: list[dict], criterion: _Criterion) -> tuple[int, int, int]:
+    """Over the runs training decided: (criterion right, "nothing fails" right, decided runs)."""
+    decided = [row for row in rows if row["measured"] != UNDECIDED]
+    right = sum(bool(criterion.fails(row["prediction"])) == (row["measured"] == FAILS) for row in decided)
+    trivial = sum(row["measured"] == TRAINS for row in decided)
+    return right, trivial, len(decided)
+
+
+def _sensitivity(settings: FailurePairs, rows: list[dict]) -> list[dict]:
+    """The agreement of every criterion of the settings' grids, on every decided run."""
+    table = []
+    for scope in SCOPES:
+        for clipped in settings.clipped_grid:
+            for flushed in settings.flushed_grid:
+                right, trivial, decided = _agreement(rows, _Criterion(clipped, flushed, scope))
+                table.append(
+                    {
+                        "scope": scope,
+                        "max_clipped": clipped,
+                        "max_flushed": flushed,
+                        "agree": right,
+                        "nothing_fails_agrees": trivial,
+                        "decided_runs": decided,
+                    }
+                )
+    return table
+
+
+def _fit_and_test(settings: FailurePairs, rows: list[dict], fit_model: str) -> tuple[_Criterion, dict]:
+    """The criterion of the grids that agrees best on `fit_model`'s runs (the settings' own on a tie), and
+    how it does on the other models' runs against "nothing fails" (an exact sign test on the runs where
+    exactly one of the two is right)."""
+    fit = [row for row in rows if row["model"] == fit_model]
+    held_out = [row for row in rows if row["model"] != fit_model and row["measured"] != UNDECIDED]
+    default = _Criterion(settings.max_clipped, settings.max_flushed)
+    candidates = [default] + [
+        _Criterion(c, f, scope)
+        for scope in SCOPES
+        for c in settings.clipped_grid
+        for f in settings.flushed_grid
     ]
-    window, per_model, formats = _windows(settings, baselines, layers)
-    order = [row for row in outcome.values() if row["gap_pt"] is not None and math.isfinite(row["gap_pt"])]
-    correlation = (
-        stats.spearmanr([row["predicted_relative_mse"] for row in order], [-row["gap_pt"] for row in order])
-        if len(order) > 2
-        else None
-    )
-    swept = FloatingPoint(settings.format).format_label
-    caption = f"""Predictions of the lognormal theory from each model's measured gradients, next to trained
-        outcomes. The theory reads, per layer, the mean and standard deviation of log2|g| (non-zero entries
-        of the {"; ".join(f"{g.model}: {g.compression_points}" for g in baselines.values())}) at the last
-        probed step of the uncompressed runs ({", ".join(baselines)}; mean over their seeds), and predicts
-        for a format and per-layer scale the share of values flushed to zero (below half the smallest
-        subnormal), clipped at the largest value, and the relative MSE of nearest rounding (mean over
-        layers); a configuration is predicted to fail where more than {settings.max_clipped:g} of the
-        non-zero values clip or more than {settings.max_flushed:g} flush (the settings' thresholds), counted
-        over all values (element criterion) or in any one layer (every-layer criterion). (a) Each
-        failing configuration (red) next to its fix (green): final test accuracy, mean and 95 % CI over seeds
-        and every seed, with the uncompressed run of its model (band). (b) Predicted
-        relative MSE of {swept} with one global scale for every layer, against log2 of that scale
-        (2^{settings.log2_scales[0]} to 2^{settings.log2_scales[1]}), per model, next to the per-layer mean
-        rule (dotted), with each model's predicted windows (light shading: element criterion passed; dark:
-        every-layer criterion passed); circles: the trained global scales' measured accuracy loss, coloured by
-        model (right axis).
-        (c) Predicted relative MSE of every trained FP run against its measured accuracy loss from fp32 of
-        its model (paired by seed; filled: significant). {training_context(runs)}."""
-    no_window = [
-        f"{row['format']} on {row['model']} (needs {row['spread']:.1f} binades, "
-        f"has {row['format_range']:.1f})"
-        for row in formats
-        if row["every_layer_window_low"] is None
-    ]
-    notes = [_window_statement(row) for row in per_model]
-    notes += [_agreement(list(outcome.values()), scope) for scope in SCOPES]
-    notes.append(
-        "The element criterion leaves a window of single global scales for every format on every model: "
-        f"where the shares flushed ({settings.max_flushed:g}) and clipped ({settings.max_clipped:g}) meet at "
-        "one quantile of the values, any format range above zero can place both edges around it. "
-        + (
-            "No single global scale serves every layer for: " + "; ".join(no_window) + "."
-            if no_window
-            else "Every format listed has a global scale that serves every layer on every model."
+    best = max(candidates, key=lambda criterion: _agreement(fit, criterion)[0])
+    right, trivial, decided = _agreement(held_out, best)
+    # "nothing fails" is wrong exactly on the failing runs, the criterion wherever it errs: they disagree on
+    # the runs the criterion predicts to fail
+    alarmed = [row["measured"] for row in held_out if bool(best.fails(row["prediction"]))]
+    only_criterion, only_trivial = alarmed.count(FAILS), alarmed.count(TRAINS)
+    discordant = only_criterion + only_trivial
+    p = float(stats.binomtest(only_criterion, discordant).pvalue) if discordant else math.nan
+    return best, {
+        "fit_agree": _agreement(fit, best),
+        "right": right,
+        "trivial": trivial,
+        "decided": decided,
+        "only_criterion": only_criterion,
+        "only_trivial": only_trivial,
+        "p": p,
+    }
+
+
+def _arm_rows(
+    arms: list[RunGroup], own: dict[str, RunGroup], layers: dict[str, _Layers], gaps: dict[str, Comparison]
+) -> list[dict]:
+    """Every trained FP run: its predicted range losses from its model's gradients, and what training
+    showed against fp32 of that model."""
+    rows = []
+    for arm in arms:
+        mine = layers[own[arm.name].name]
+        policy = _fp_member(arm)
+        prediction = mine.summarise(mine.predict(policy.fmt, _log2_scales(arm, mine)))
+        rows.append(
+            {
+                "run": arm.name,
+                "model": arm.model,
+                "label": arm.label,
+                "log2_global_scale": math.log2(policy.global_scale) if policy.scaling == "global" else None,
+                **prediction,
+                **run_row(arm),
+                **gap_cells(gaps[arm.name]),
+                "measured": _measured(gaps[arm.name]),
+                "prediction": prediction,
+            }
         )
-    )
-    if correlation is not None:
-        notes.append(
-            f"Across the {len(order)} trained FP runs, the predicted relative MSE and the measured accuracy "
-            f"loss have Spearman rank correlation {correlation.statistic:.2f} (p = {correlation.pvalue:.2g})."
-        )
-    return Result(
-        caption=caption,
-        tables={
-            "main": Table("Failures of low-bit FP gradients and their fixes: predicted and measured", pairs),
-            "arms": Table(
-                "Every trained FP run: predicted range losses and measured accuracy loss",
-                list(outcome.values()),
-            ),
-            "models": Table(f"Global-scale window of {swept} per model (predicted)", per_model),
-            "formats": Table("Predicted relative MSE of each format with the per-layer mean rule", formats),
-            "window": Table("Predicted range losses against the global scale", window, markdown=False),
-            "seeds": per_seed_table([*baselines.values(), *arms]),
-            "baseline": Table(
-                "fp32", [run_row(g) | {"model": g.model} for g in baselines.values()], markdown=False
-            ),
-        },
-        comparisons=[*recoveries, *gaps],
-        headline={
-            "spearman_predicted_mse_vs_loss": None if correlation is None else float(correlation.statistic),
-            "spearman_p": None if correlation is None else float(correlation.pvalue),
-            "models": {row["model"]: row for row in per_model},
-        },
-        notes=notes,
-    )
+    return rows
 
 
 def _windows(
-    settings: FailurePairs, baselines: dict[str, RunGroup], layers: dict[str, _Layers]
+    settings: FailurePairs, baselines: list[RunGroup], layers: dict[str, _Layers]
 ) -> tuple[list[dict], list[dict], list[dict]]:
     """Per model: the predicted losses at every global scale of the sweep, a summary of that window against
     the per-layer mean rule, and every format's relative MSE with the per-layer mean rule."""
     fmt = parse_format(settings.format)
+    criterion = _Criterion(settings.max_clipped, settings.max_flushed)
     scales = torch.arange(settings.log2_scales[0], settings.log2_scales[1] + 1, dtype=torch.float64)
     window, per_model, formats = [], [], []
-    for name, group in baselines.items():
-        mine = layers[name]
+    for group in baselines:
+        mine = layers[group.name]
         sweep = mine.totals(mine.predict(fmt, scales[:, None]))
         mse = sweep["predicted_relative_mse"]
         for index, scale in enumerate(scales.tolist()):
@@ -574,73 +663,115 @@ def _windows(
                 "layers": len(mine.names),
                 "mu2_spread": float(mine.mu2.max() - mine.mu2.min()),
                 "sigma2_mean": float(mine.sigma2.mean()),
-                "spread": mine.spread(settings),
+                "spread": mine.spread(criterion),
                 "format_range": _range(fmt),
                 "per_layer_rule_relative_mse": per_layer["predicted_relative_mse"],
                 "best_log2_global_scale": float(scales[best]),
                 "best_global_relative_mse": float(mse[best]),
             }
-            | _windows_of(scales, sweep, settings)
+            | _windows_of(scales, sweep, criterion)
         )
         for fmt_name in settings.formats:
             candidate = FloatingPoint(fmt_name)
             formats.append(
                 {"model": group.model, "format": candidate.format_label}
                 | mine.summarise(mine.predict(candidate.fmt, mine.rule_scales(candidate)))
-                | {"spread": mine.spread(settings), "format_range": _range(candidate.fmt)}
-                | _windows_of(scales, mine.totals(mine.predict(candidate.fmt, scales[:, None])), settings)
+                | {"spread": mine.spread(criterion), "format_range": _range(candidate.fmt)}
+                | _windows_of(scales, mine.totals(mine.predict(candidate.fmt, scales[:, None])), criterion)
             )
     return window, per_model, formats
 
 
-def _windows_of(scales: torch.Tensor, sweep: dict[str, torch.Tensor], settings: FailurePairs) -> dict:
-    """The window of single global scales under each scope of the failure criterion, as table columns."""
+def _windows_of(scales: torch.Tensor, sweep: dict[str, torch.Tensor], criterion: _Criterion) -> dict:
+    """The window of single global scales under each scope of the failure criterion, as table columns: the
+    lowest and highest global log2 scale whose predicted `totals` the criterion spares (None: none does)."""
     columns = {}
     for scope in SCOPES:
-        low, high = _window(scales, sweep, settings, scope)
+        passed = ~_Criterion(criterion.max_clipped, criterion.max_flushed, scope).fails(sweep)
+        good = scales[passed]
+        low, high = (float(good.min()), float(good.max())) if good.numel() else (None, None)
         columns |= {f"{_column(scope)}_window_low": low, f"{_column(scope)}_window_high": high}
     return columns
-
-
-def _window(
-    scales: torch.Tensor, sweep: dict[str, torch.Tensor], settings: FailurePairs, scope: str
-) -> tuple[float | None, float | None]:
-    """The lowest and highest global log2 scale whose predicted `totals` the failure criterion (of `scope`)
-    spares (None: none does)."""
-    good = scales[~_fails(sweep, settings, scope)]
-    return (float(good.min()), float(good.max())) if good.numel() else (None, None)
-
-
-SCOPES = {"element": "predicted", "every-layer": "predicted_worst_layer"}
 
 
 def _column(scope: str) -> str:
     return scope.replace("-", "_")
 
 
-def _fails(prediction: dict, settings: FailurePairs, scope: str):
-    """The failure criterion on predicted `totals` (numbers, or tensors over global scales), applied to the
-    shares of all non-zero values ("element") or to each layer's own shares ("every-layer": the worst one
-    decides)."""
-    prefix = SCOPES[scope]
-    return (prediction[f"{prefix}_clipped"] > settings.max_clipped) | (
-        prediction[f"{prefix}_flushed"] > settings.max_flushed
-    )
-
-
-def _agreement(rows: list[dict], scope: str) -> str:
-    """How often the predicted failure (of `scope`) matches the measured verdict (a significant loss)."""
-    key = f"predicted_fails_{_column(scope)}"
-    lost = [row["verdict"] == "significant" and row["gap_pt"] < 0 for row in rows]
-    agree = sum(row[key] == loss for row, loss in zip(rows, lost, strict=True))
-    named = [f"{row['label']} ({row['run']})" for row in rows]
-    missed = [name for name, row, loss in zip(named, rows, lost, strict=True) if loss and not row[key]]
-    false = [name for name, row, loss in zip(named, rows, lost, strict=True) if row[key] and not loss]
+def _agreement_finding(rows: list[dict], criterion: _Criterion) -> str:
+    """How often a criterion matches what training decided, next to the trivial "nothing fails"."""
+    right, trivial, decided = _agreement(rows, criterion)
+    undecided = len(rows) - decided
+    missed = [r["label"] for r in rows if r["measured"] == FAILS and not criterion.fails(r["prediction"])]
+    false = [r["label"] for r in rows if r["measured"] == TRAINS and criterion.fails(r["prediction"])]
     return (
-        f"The {scope} criterion matches the measured verdict (a significant loss against fp32 of its model) "
-        f"for {agree} of {len(rows)} trained FP runs; losses not predicted: {', '.join(missed) or 'none'}; "
-        f"predicted failures that trained within noise: {', '.join(false) or 'none'}."
+        f"Predicted failure ({criterion.text}): right for {right} of the {decided} runs training decided "
+        f"(fails: worse than fp32 of its model; trains: equivalent within the margin), against {trivial} for "
+        f'"nothing fails"; {undecided} runs inconclusive; failures not predicted: '
+        f"{', '.join(missed) or 'none'}; predicted failures that train: {', '.join(false) or 'none'}."
     )
+
+
+def _ranking_finding(rows: list[dict]) -> str:
+    """Whether predicted relative MSE ranks the measured accuracy loss, over all runs and over those that
+    train (plainly: a rank correlation whose interval excludes 0, or not)."""
+    parts = []
+    for name, chosen in (
+        ("every trained FP run", [r for r in rows if (r["gap_pt_n"] or 0) > 1]),
+        (
+            "the runs that train (not worse than fp32)",
+            [r for r in rows if r["measured"] != FAILS and (r["gap_pt_n"] or 0) > 1],
+        ),
+    ):
+        rho, low, high, n = spearman(
+            [r["predicted_relative_mse"] for r in chosen], [-r["gap_pt_mean"] for r in chosen]
+        )
+        if math.isnan(rho):
+            parts.append(f"over {name}: too few runs ({n}) for a rank correlation")
+            continue
+        ranks = "ranks" if low > 0 else "ranks it inversely" if high < 0 else "does not rank"
+        parts.append(
+            f"over {name} it {ranks} the accuracy loss (Spearman {rho:+.2f}, 95 % CI "
+            f"[{low:+.2f}, {high:+.2f}], "
+            f"{n} runs)"
+        )
+    return "Predicted relative MSE: " + "; ".join(parts) + "."
+
+
+def _fit_finding(best: _Criterion, test: dict, fit_model: str) -> str:
+    fit_right, _, fit_decided = test["fit_agree"]
+    if not test["decided"]:
+        held = "no run of another model was decided, so it is not tested"
+    else:
+        p = (
+            ""
+            if math.isnan(test["p"])
+            else f", exact sign test on the {test['only_criterion'] + test['only_trivial']} runs where they "
+            f"differ p = {test['p']:.2g}"
+        )
+        held = (
+            f"on the other models' {test['decided']} decided runs it is right for {test['right']}, "
+            f'"nothing fails" for {test["trivial"]}{p}'
+        )
+    return (
+        f"Thresholds fixed on {fit_model} ({best.text}: right for {fit_right} of its {fit_decided} decided "
+        f"runs), then tested: {held}."
+    )
+
+
+def _fp_claim(best: _Criterion, test: dict, scale: str) -> Decision:
+    """L7 from the held-out test: shown where the fitted criterion beats "nothing fails" (sign test),
+    refuted where it loses, inconclusive otherwise."""
+    evidence = (
+        f"criterion fitted on one model ({best.text}); other models: right for {test['right']} of "
+        f'{test["decided"]} decided runs, "nothing fails" for {test["trivial"]}'
+    )
+    if test["decided"] == 0 or math.isnan(test["p"]) or test["p"] >= ALPHA:
+        status = INCONCLUSIVE_CLAIM
+    else:
+        status = SHOWN if test["only_criterion"] > test["only_trivial"] else REFUTED
+    p = "" if math.isnan(test["p"]) else f" (sign test p = {test['p']:.2g})"
+    return Decision("L7", status, evidence + p, f"{test['decided']} runs", scale)
 
 
 def _window_statement(row: dict) -> str:
@@ -661,4 +792,109 @@ def _window_statement(row: dict) -> str:
         f"{row['model']} ({spread}): single global scales predicted to pass: {'; '.join(windows)}; least "
         f"relative MSE at 2^{row['best_log2_global_scale']:g} ({row['best_global_relative_mse']:.3g}, "
         f"per-layer mean rule {row['per_layer_rule_relative_mse']:.3g})."
+    )
+
+
+def _a10_caption(settings: FailurePairs, baselines: list[RunGroup], runs: dict[str, RunGroup]) -> str:
+    swept = FloatingPoint(settings.format).format_label
+    return f"""Predictions of the lognormal theory from each model's measured gradients, next to trained
+        outcomes. The theory reads, per layer, the mean and standard deviation of log2|g| (non-zero entries
+        of the {"; ".join(f"{g.model}: {g.compression_points}" for g in baselines)}) at the last probed step
+        of the uncompressed runs ({", ".join(g.name for g in baselines)}; mean over their seeds), and
+        predicts for a format and per-layer scale the share of values flushed to zero (below half the
+        smallest subnormal), clipped at the largest value, and the relative MSE of nearest rounding (mean
+        over layers); a configuration is predicted to fail where more than {settings.max_clipped:g} of the
+        non-zero values clip or more than {settings.max_flushed:g} flush (the settings' thresholds; their
+        sensitivity over the grids {", ".join(map(str, settings.clipped_grid))} and
+        {", ".join(map(str, settings.flushed_grid))} is tabulated), counted over all values (element
+        criterion) or in any one layer (every-layer criterion). Training decides a run: it fails when
+        significantly worse than fp32 of its model (paired by seed, Holm over the comparisons), trains when
+        equivalent within ±{settings.margin:g} pt (two one-sided tests), and is undecided otherwise. (a) Each
+        failing configuration (red) next to its fix (green): final test accuracy, mean and 95 % CI over seeds
+        and every seed, with the uncompressed run of its model (band). (b) Predicted relative MSE of {swept}
+        with one global scale for every layer, against log2 of that scale (2^{settings.log2_scales[0]} to
+        2^{settings.log2_scales[1]}), per model, next to the per-layer mean rule (dotted), with each model's
+        predicted windows (light shading: element criterion passed; dark: every-layer criterion passed). (c)
+        Predicted relative MSE of every trained FP run against its measured accuracy loss from fp32 of its
+        model (95 % CI; filled: fails, hollow: trains or undecided). {training_context(runs)}."""
+
+
+def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
+    """A10: the theory's failure predictions from measured gradients against trained outcomes: agreement
+    next to "nothing fails", threshold sensitivity, thresholds fitted on one model and tested on the others,
+    whether predicted MSE ranks accuracy, and each model's window of single global scales."""
+    baselines = settings.present(settings.baselines, runs)
+    layers = {group.name: _Layers.of(group) for group in baselines}
+    fixes = [(runs[a], runs[b]) for a, b in settings.pairs if a in runs and b in runs]  # (failing, fixing)
+    arms = settings.present([*(run for pair in settings.pairs for run in pair), *settings.arms], runs)
+    models = WithinModels.of(baselines, arms, "experiments.A10.baselines")
+    pairs = models.pairs([(fixing, failing) for failing, fixing in fixes], settings.margin)
+    comparisons = compare(pairs + models.gap_pairs(settings.margin))
+    recoveries, gaps = (
+        comparisons[: len(pairs)],
+        dict(zip([arm.name for arm in models.arms], comparisons[len(pairs) :], strict=True)),
+    )
+    rows = _arm_rows(models.arms, models.own, layers, gaps)
+    fit_model = runs[settings.fit_on or settings.baselines[0]].model
+    best, test = _fit_and_test(settings, rows, fit_model)
+    criterion = _Criterion(settings.max_clipped, settings.max_flushed)
+    window, per_model, formats = _windows(settings, baselines, layers)
+    no_window = [
+        f"{row['format']} on {row['model']} (needs {row['spread']:.1f} binades, "
+        f"has {row['format_range']:.1f})"
+        for row in formats
+        if row["every_layer_window_low"] is None
+    ]
+    findings = [
+        *(
+            _agreement_finding(rows, _Criterion(criterion.max_clipped, criterion.max_flushed, s))
+            for s in SCOPES
+        ),
+        _fit_finding(best, test, fit_model),
+        _ranking_finding(rows),
+        *(_window_statement(row) for row in per_model),
+        "No single global scale serves every layer for: " + "; ".join(no_window) + "."
+        if no_window
+        else "Every format listed has a global scale that serves every layer on every model.",
+    ]
+    pair_rows = [
+        {
+            "failing": failing.label,
+            "fixing": fixing.label,
+            "model": failing.model,
+            "failing_run": failing.name,
+            "fixing_run": fixing.name,
+            **{f"failing_{k}": v for k, v in accuracy_estimate(failing).columns("accuracy").items()},
+            **{f"fixing_{k}": v for k, v in accuracy_estimate(fixing).columns("accuracy").items()},
+            **gap_cells(comparison),
+        }
+        for (failing, fixing), comparison in zip(fixes, recoveries, strict=True)
+    ]
+    scale = "; ".join(dict.fromkeys(group.scale for group in models.arms))
+    groups = {group.name: group for group in [*baselines, *models.arms]}
+    return Result(
+        caption=_a10_caption(settings, baselines, groups),
+        tables={
+            "main": Table(
+                "Failures of low-bit FP gradients and their fixes", pair_rows, note=scale_note(groups)
+            ),
+            "arms": Table(
+                "Every trained FP run: predicted range losses and what training showed",
+                [{k: v for k, v in row.items() if k != "prediction"} for row in rows],
+            ),
+            "sensitivity": Table(
+                "Agreement of each threshold pair with what training decided", _sensitivity(settings, rows)
+            ),
+            "models": Table(
+                f"Global-scale window of {FloatingPoint(settings.format).format_label} per model (predicted)",
+                per_model,
+            ),
+            "formats": Table("Predicted relative MSE of each format with the per-layer mean rule", formats),
+            "window": Table("Predicted range losses against the global scale", window, markdown=False),
+            "seeds": per_seed_table([*baselines, *models.arms]),
+            "baseline": Table("fp32", [run_row(g) | {"model": g.model} for g in baselines], markdown=False),
+        },
+        comparisons=comparisons,
+        findings=findings,
+        claims=[_fp_claim(best, test, scale)],
     )

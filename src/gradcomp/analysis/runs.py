@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from gradcomp.analysis.seeds import Estimate
+from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
 from gradcomp.policies import Policy, parse_policy
 
 if TYPE_CHECKING:
@@ -91,10 +91,32 @@ class RunGroup:
 
     @property
     def label(self) -> str:
-        """The policy's label, or what an uncompressed run is: fp32, or QAT with quantized forward."""
+        """The policy's label, or what an uncompressed run is (fp32, or QAT with quantized forward), with
+        its schedule where it starts uncompressed (e.g. ``prune 0.85, 39 steps uncompressed first``)."""
         if self.policy.family == "none":
             return f"QAT {self.forward_bits}-bit" if self.forward_bits else "fp32"
-        return self.policy.label
+        warmup = (self.config.get("compression") or {}).get("warmup_steps") or 0
+        return self.policy.label + (f", {warmup} steps uncompressed first" if warmup else "")
+
+    @property
+    def scale_key(self) -> tuple:
+        """What makes two runs' training the same size: data, subset, epochs, batch, step limit."""
+        config = self.config
+        keys = ("dataset", "subset_per_class", "test_subset_per_class", "epochs", "batch_size", "max_steps")
+        return tuple(config.get(key) for key in keys)
+
+    @property
+    def scale(self) -> str:
+        """The training scale in words, e.g. ``Fashion-MNIST, 500 images per class, 1 epoch of batch 64
+        (78 steps)``."""
+        config = self.config
+        data = DATASET_NAMES.get(config["dataset"], config["dataset"])
+        if config.get("subset_per_class"):
+            data += f", {config['subset_per_class']:,} images per class"
+        epochs = config["epochs"]
+        steps = {run.summary.get("steps") for run in self.runs.values()}
+        text = f"{data}, {epochs} epoch{'s' * (epochs != 1)} of batch {config['batch_size']}"
+        return text + (f" ({steps.pop()} steps)" if len(steps) == 1 and None not in steps else "")
 
     @property
     def family(self) -> str:
@@ -107,25 +129,32 @@ class RunGroup:
         values = {seed: value(run) for seed, run in self.runs.items()}
         return {seed: float(v) for seed, v in values.items() if v is not None}
 
-    def estimate(self, value: Callable[[Run], float | None]) -> Estimate:
-        return Estimate.of(list(self.per_seed(value).values()))
+    def estimate(self, value: Callable[[Run], float | None], bounds: Bounds = LINEAR) -> Estimate:
+        return Estimate.of(self.per_seed(value).values(), bounds)
 
     @property
     def accuracy(self) -> dict[int, float]:
         return self.per_seed(lambda run: run.accuracy)
 
 
-def one_per_model(groups: Sequence[RunGroup], where: str) -> dict[str, RunGroup]:
-    """The groups keyed by the model they train; two runs of one model are an error naming `where`."""
-    by_model: dict[str, RunGroup] = {}
+def one_per_model(groups: Sequence[RunGroup], where: str) -> dict[tuple, RunGroup]:
+    """The groups keyed by the model they train and its scale (`model_key`); two runs of one model at one
+    scale are an error naming `where`."""
+    by_model: dict[tuple, RunGroup] = {}
     for group in groups:
-        if group.model in by_model:
+        key = model_key(group)
+        if key in by_model:
             raise ValueError(
-                f"{where}: runs {by_model[group.model].name!r} and {group.name!r} both train "
-                f"{group.model}; name one run per model"
+                f"{where}: runs {by_model[key].name!r} and {group.name!r} both train {group.model} at "
+                f"{group.scale}; name one run per model and scale"
             )
-        by_model[group.model] = group
+        by_model[key] = group
     return by_model
+
+
+def model_key(group: RunGroup) -> tuple:
+    """The model and training scale a run is compared within (an arm only ever against its own baseline)."""
+    return (group.model, group.scale_key)
 
 
 def load_run(name: str, seed: int, folder: Path | str) -> Run:
@@ -162,30 +191,42 @@ def model_description(config: Mapping[str, Any]) -> str:
 
 
 def training_context(groups: Mapping[str, RunGroup]) -> str:
-    """What the runs were trained as, from their configs: model(s), data, schedule, seeds (for captions)."""
-    config = next(iter(groups.values())).config
+    """What the runs were trained as, from their configs: model(s), the training scale of each, optimizers
+    and seeds (for captions)."""
     model = " / ".join(dict.fromkeys(group.model for group in groups.values()))
-    data = DATASET_NAMES.get(config["dataset"], config["dataset"])
-    if config.get("subset_per_class"):
-        data += f" ({config['subset_per_class']:,} training images per class)"
-    steps = {run.summary["steps"] for group in groups.values() for run in group.runs.values()}
-    epochs = config["epochs"]
-    schedule = f"{epochs} epoch{'s' * (epochs != 1)} of batch {config['batch_size']}"
-    schedule += f" ({steps.pop()} steps)" if len(steps) == 1 else ""
+    scales: dict[str, list[str]] = {}
+    for group in groups.values():
+        scales.setdefault(group.scale, []).append(group.name)
+    if len(scales) == 1:
+        scale = next(iter(scales))
+    else:
+        scale = "; ".join(f"{text} ({', '.join(names)})" for text, names in scales.items())
     optimizers = " / ".join(
         dict.fromkeys(f"{g.config['optimizer'].upper()} lr {g.config['lr']:g}" for g in groups.values())
     )
-    counts = {len(group.runs) for group in groups.values()}
-    all_seeds = sorted({seed for group in groups.values() for seed in group.seeds})
-    if len(counts) == 1:
-        seeds = (
-            f"{seed_list(all_seeds)} per run"
-            if counts == {len(all_seeds)}
-            else f"{counts.pop()} seeds per run"
-        )
-    else:
-        seeds = f"{min(counts)}-{max(counts)} seeds per run"
-    return f"{model} on {data}, {schedule}, {optimizers}; {seeds}"
+    return f"{model} on {scale}, {optimizers}; {seed_counts(groups.values())}"
+
+
+def seed_counts(groups: Iterable[RunGroup]) -> str:
+    """How many seeds the runs have, e.g. "3 seeds (0, 1, 2) per run" or "8 seeds: baseline, prune_85;
+    3 seeds: every other run"."""
+    groups = list(groups)
+    by_count: dict[int, list[str]] = {}
+    for group in groups:
+        by_count.setdefault(len(group.runs), []).append(group.name)
+    if len(by_count) == 1:
+        seeds = sorted({seed for group in groups for seed in group.seeds})
+        count = next(iter(by_count))
+        return f"{seed_list(seeds)} per run" if count == len(seeds) else f"{count} seeds per run"
+    ordered = sorted(by_count.items(), reverse=True)
+    parts = [f"{count} seed{'s' * (count != 1)}: {', '.join(names)}" for count, names in ordered[:-1]]
+    last = ordered[-1][0]
+    return "; ".join([*parts, f"{last} seed{'s' * (last != 1)}: every other run"])
+
+
+def accuracy_estimate(group: RunGroup) -> Estimate:
+    """The run's final test accuracy over its seeds (a fraction: its interval stays within [0, 1])."""
+    return group.estimate(lambda run: run.accuracy, FRACTION)
 
 
 def load_trained_model(run: Run, device: str = "cpu") -> nn.Module:

@@ -3,27 +3,41 @@
 from __future__ import annotations
 
 import math
-from collections import defaultdict
+from collections.abc import Mapping
 
+import numpy as np
 import torch
 
 from gradcomp.analysis.accuracy import (
+    ACCURACY,
+    SPARSITY,
     WithinModels,
-    compare_accuracy,
+    claim_of,
+    gap_columns,
+    model_finding,
     model_names,
     per_seed_table,
     run_row,
-    with_gaps,
+    scale_note,
 )
+from gradcomp.analysis.claims import differs, equivalent, undecided
 from gradcomp.analysis.runs import Run, RunGroup, training_context
-from gradcomp.analysis.seeds import Estimate
-from gradcomp.analysis.synthetic import ESTIMATORS, synthetic_sparsity
+from gradcomp.analysis.seeds import CORRELATION, FRACTION, Estimate, PerSeed
+from gradcomp.analysis.synthetic import synthetic_sparsity
 from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import WORSE, Comparison, Pair, compare, one_sample, summarise
 from gradcomp.experiments import Calibration, CompareWithinModels, Heterogeneous
 from gradcomp.lognormal import truncated_cosine_similarity
+from gradcomp.policies import Prune
+
+# what a convolution is, read from the last part of its name (timm's MobileNet / EfficientNet blocks)
+LAYER_KINDS = {"conv_dw": "depthwise", "conv_pwl": "projection", "conv_pw": "expansion", "conv_stem": "stem"}
 
 
-# --- A7 -----------------------------------------------------------------------------------------------------
+def layer_kind(name: str) -> str:
+    return LAYER_KINDS.get(name.rsplit(".", 1)[-1], "other")
+
+
 def _layer_sparsity(run: Run) -> dict[str, float]:
     return {
         name: layer["sparsity"]
@@ -32,179 +46,335 @@ def _layer_sparsity(run: Run) -> dict[str, float]:
     }
 
 
-def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]) -> Result:
-    synthetic = synthetic_sparsity(settings.synthetic)
-    groups = [runs[name] for name in settings.runs]
-    names = model_names(groups)
-    layers, overall, per_model = [], [], defaultdict(dict)
+def _kind_sparsity(run: Run) -> dict[str, float]:
+    """Achieved sparsity of each layer kind (element-weighted over its layers), for models that have them."""
+    zeros: dict[str, float] = {}
+    elements: dict[str, float] = {}
+    for name, layer in run.summary["layers"].items():
+        if layer["sparsity"] is not None and layer.get("elements"):
+            kind = layer_kind(name)
+            zeros[kind] = zeros.get(kind, 0.0) + layer["sparsity"] * layer["elements"]
+            elements[kind] = elements.get(kind, 0.0) + layer["elements"]
+    return {kind: zeros[kind] / elements[kind] for kind in zeros} if len(zeros) > 1 else {}
+
+
+def _is_curve(group: RunGroup) -> bool:
+    """A run on the lognormal accuracy-vs-sparsity curve: the lognormal threshold with the default fit,
+    homogeneous, compressed from the first step."""
+    policy = group.policy
+    return (
+        isinstance(policy, Prune)
+        and policy.estimator == "lognormal"
+        and policy.fit == Prune.fit
+        and policy.min_cosine is None
+        and not (group.config.get("compression") or {}).get("warmup_steps")
+    )
+
+
+# --- A7 -----------------------------------------------------------------------------------------------------
+def _calibration(groups: list[RunGroup]) -> tuple[PerSeed, PerSeed, PerSeed]:
+    """Per seed: each run's overall and per-layer achieved sparsity, and per layer kind."""
+    overall = PerSeed(("run",), {"achieved": FRACTION})
+    layers = PerSeed(("run", "layer"), {"achieved": FRACTION})
+    kinds = PerSeed(("run", "kind"), {"achieved": FRACTION})
     for group in groups:
-        policy = group.policy
-        where = {"model": names[group.model], "compression_points": group.compression_points}
-        per_layer = defaultdict(list)
-        for run in group.runs.values():
-            for name, sparsity in _layer_sparsity(run).items():
-                per_layer[name].append(sparsity)
-        layer_errors = {}
-        for name, values in per_layer.items():
-            layers.append(
-                {
-                    "run": group.name,
-                    **where,
-                    "estimator": policy.estimator,
-                    "target": policy.sparsity,
-                    "layer": name,
-                    **Estimate.of(values).columns("achieved"),
-                    **Estimate.of([v - policy.sparsity for v in values]).columns("error"),
-                    "seeds": len(values),
-                }
-            )
-            layer_errors[name] = layers[-1]["error_mean"]
-        overall.append(
-            {
-                "run": group.name,
-                **where,
-                "estimator": policy.estimator,
-                "fit": policy.fit,
-                "target": policy.sparsity,
-                **group.estimate(lambda run: run.sparsity).columns("achieved"),
-                **group.estimate(lambda run, p=policy.sparsity: run.sparsity - p).columns("error"),
-                "layer_error_min": min(layer_errors.values(), default=None),
-                "layer_error_max": max(layer_errors.values(), default=None),
-                "layers": len(layer_errors),
-                "seeds": len(group.runs),
-            }
-        )
-        largest = max(layer_errors, key=lambda name: abs(layer_errors[name]), default=None)
-        per_model[names[group.model]][group.name] = {
-            "target": policy.sparsity,
-            "overall_error": overall[-1]["error_mean"],
-            "largest_layer_error": layer_errors[largest] if largest else None,
-            "largest_layer": largest,
-        }
+        target = group.policy.sparsity
+        for seed, run in group.runs.items():
+            overall.add(seed, {"run": group.name}, achieved=run.sparsity, error=run.sparsity - target)
+            for layer, sparsity in _layer_sparsity(run).items():
+                layers.add(
+                    seed, {"run": group.name, "layer": layer}, achieved=sparsity, error=sparsity - target
+                )
+            for kind, sparsity in _kind_sparsity(run).items():
+                kinds.add(seed, {"run": group.name, "kind": kind}, achieved=sparsity)
+    return overall, layers, kinds
 
-    def worst(rows: list[dict], estimator: str) -> float | None:
-        errors = [abs(row["achieved_mean"] - row["target"]) for row in rows if row["estimator"] == estimator]
-        return max(errors) if errors else None
 
-    headline = {
-        f"max_abs_error_{source}": {
-            estimator: worst(rows, estimator)
-            for estimator in ESTIMATORS
-            if worst(rows, estimator) is not None
-        }
-        for source, rows in (
-            ("synthetic", synthetic),
-            ("training_per_layer", layers),
-            ("training_overall", overall),
-        )
-    }
-    headline |= {f"errors {model} (mean over seeds)": errors for model, errors in per_model.items()}
+def _a7_caption(settings: Calibration, groups: list[RunGroup], names: Mapping[str, str], runs) -> str:
     models = list(dict.fromkeys(group.model for group in groups))
     points = "; ".join(
         f"{names[model]} ({model}): {next(g for g in groups if g.model == model).compression_points}"
         for model in models
     )
     legend = " (colour: estimator; marker: model)" if len(models) > 1 else ""
-    synthetic_settings = settings.synthetic
-    caption = f"""Fraction of zeros after unbiased stochastic pruning against the target, when the threshold
+    synthetic = settings.synthetic
+    return f"""Fraction of zeros after unbiased stochastic pruning against the target, when the threshold
         comes from the lognormal model (closed form, from mean and std of ln|g|), a Gaussian prior (Ye et
         al.), a Laplace prior, or the exact top-k threshold of the tensor (sorting). (a) Synthetic signed
-        lognormal gradients ({synthetic_settings.numel:,} values, sigma
-        {", ".join(f"{s:g}" for s in synthetic_settings.sigmas)}, with
-        {" and ".join(f"{z:.0%}" for z in synthetic_settings.zero_fractions)} exact zeros), mean and 95 % CI
-        over {len(synthetic_settings.seeds)} draws. (b) Training{legend}: each small point is one pruned
-        layer's achieved sparsity over the last epoch (mean over seeds), each large point with error bars
-        a run's overall sparsity (zeros over all its pruned elements, i.e. the layers weighted by their
-        elements; mean and 95 % CI over seeds).
-        (c) Achieved - target of each run (large, 95 % CI) and of each of its layers (small), grouped by
-        model. Gradients pruned and measured at each model's compression points: {points}. Thresholds
-        fitted as each run's policy says ({_fits(groups)}). {training_context(runs)}. The table gives each
-        run's overall error and the range of its layers' mean errors; the headline the largest |mean
-        achieved - target| per estimator (on synthetic data, per layer, and overall) and, per model and
-        run, the overall error and the layer whose mean error is largest in magnitude."""
-    return Result(
-        caption=caption,
-        tables={
-            "main": Table("Achieved sparsity of each training run (all pruned elements)", overall),
-            "synthetic": Table("Synthetic lognormal gradients", synthetic),
-            "layers": Table("Achieved sparsity per layer", layers, markdown=False),
-        },
-        headline=headline,
-    )
+        lognormal gradients ({synthetic.numel:,} values, sigma
+        {", ".join(f"{s:g}" for s in synthetic.sigmas)}, with
+        {" and ".join(f"{z:.0%}" for z in synthetic.zero_fractions)} exact zeros), mean and 95 % CI over
+        {len(synthetic.seeds)} draws. (b) Training{legend}: each small point is one pruned layer's achieved
+        sparsity over the last epoch (mean over seeds), each large point with error bars a run's overall
+        sparsity (zeros over all its pruned elements, i.e. the layers weighted by their elements; mean and
+        95 % CI over seeds). (c) Achieved - target of each run (large, 95 % CI) and of each of its layers
+        (small), grouped by model. Gradients pruned and measured at each model's compression points:
+        {points}. Thresholds fitted as each run's policy says ({_fits(groups)}). {training_context(runs)}.
+        Comparisons: each run's overall achieved sparsity against its target, on target where two one-sided
+        tests place it within ±{settings.margin:g}, missed where it differs significantly (Holm over the
+        runs). Tables: each run's overall achieved sparsity, its layers' range, and each layer kind's
+        achieved sparsity where a model has several kinds (depthwise, projection, expansion)."""
 
 
 def _fits(groups: list[RunGroup]) -> str:
-    names = {
-        "bn_nonzero": "on the entries whose BatchNorm-output gradient is non-zero, target (p - s0)/(1 - s0); "
-        "on all non-zero entries where no BatchNorm follows the layer (e.g. linear layers)",
-        "all": "on all non-zero entries",
+    return "; ".join(dict.fromkeys(f"fit={group.policy.fit}" for group in groups))
+
+
+def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]) -> Result:
+    """A7: achieved against target sparsity, synthetic and in training, each run on target or not."""
+    groups = settings.present(settings.runs, runs)
+    names = model_names(groups)
+    several = len(names) > 1
+    overall, layers, kinds = _calibration(groups)
+    pairs = [
+        one_sample(
+            f"{g.label} ({names[g.model]})" if several else g.label,
+            overall.values({"run": g.name}, "achieved"),
+            g.policy.sparsity,
+            margin=settings.margin,
+            higher_is_better=None,
+            scale=g.scale,
+        )
+        for g in groups
+    ]
+    comparisons = compare(pairs)
+    on_target = {g.name: c for g, c in zip(groups, comparisons, strict=True)}
+    layer_rows = layers.rows()
+    extremes = {
+        name: (min(errors), max(errors))
+        for name in on_target
+        if (errors := [r["error_mean"] for r in layer_rows if r["run"] == name])
     }
-    fits = dict.fromkeys(group.policy.fit for group in groups)
-    return "; ".join(f"fit={fit}: {names[fit]}" for fit in fits)
+    rows = [
+        {
+            **row,
+            "label": runs[row["run"]].label,
+            "model": names[runs[row["run"]].model],
+            "compression_points": runs[row["run"]].compression_points,
+            "estimator": runs[row["run"]].policy.estimator,
+            "fit": runs[row["run"]].policy.fit,
+            "target": runs[row["run"]].policy.sparsity,
+            "layer_error_min": extremes.get(row["run"], (None, None))[0],
+            "layer_error_max": extremes.get(row["run"], (None, None))[1],
+            "verdict": on_target[row["run"]].verdict,
+        }
+        for row in overall.rows()
+    ]
+    for row in layer_rows:
+        group = runs[row["run"]]
+        row |= {
+            "model": names[group.model],
+            "estimator": group.policy.estimator,
+            "target": group.policy.sparsity,
+        }
+    claimed = [on_target[name] for name in settings.claim if name in on_target]
+    priors = [
+        c for g, c in zip(groups, comparisons, strict=True) if g.policy.estimator in ("gaussian", "laplace")
+    ]
+    claims = [
+        equivalent("L4", claimed) if claimed else undecided("L4", "no run named by the settings' claim"),
+        differs("L5", priors, WORSE) if priors else undecided("L5", "no Gaussian or Laplace run"),
+    ]
+    findings = [
+        f"{model}: {summarise([on_target[g.name] for g in groups if names[g.model] == model])}."
+        for model in dict.fromkeys(names.values())
+    ]
+    findings += _layer_findings(rows)
+    groups_by_name = {g.name: g for g in groups}
+    return Result(
+        caption=_a7_caption(settings, groups, names, groups_by_name),
+        tables={
+            "main": Table(
+                "Achieved sparsity of each training run (all pruned elements)",
+                rows,
+                note=scale_note(groups_by_name),
+            ),
+            **_kinds_table(kinds),
+            "synthetic": Table("Synthetic lognormal gradients", synthetic_sparsity(settings.synthetic)),
+            "layers": Table("Achieved sparsity per layer", layer_rows, markdown=False),
+        },
+        comparisons=comparisons,
+        findings=findings,
+        claims=claims,
+    )
+
+
+def _kinds_table(kinds: PerSeed) -> dict[str, Table]:
+    """The achieved sparsity of each layer kind, where some model has several kinds (else no table)."""
+    if not len(kinds):
+        return {}
+    return {
+        "kinds": Table("Achieved sparsity per layer kind (element-weighted over its layers)", kinds.rows())
+    }
+
+
+def _layer_findings(rows: list[dict]) -> list[str]:
+    """Where single layers stray from their run's target most."""
+    strays = [row for row in rows if row["layer_error_min"] is not None]
+    if not strays:
+        return []
+    parts = [
+        f"{row['label']} ({row['model']}) {row['layer_error_min']:+.3f} to {row['layer_error_max']:+.3f}"
+        for row in strays
+    ]
+    return [f"Layers' mean achieved - target, lowest to highest per run: {'; '.join(parts)}."]
 
 
 # --- A8 -----------------------------------------------------------------------------------------------------
+def _matched(arm: RunGroup, curve: list[RunGroup]) -> dict[int, float]:
+    """Per seed, the accuracy the lognormal curve of the arm's model (its runs at that seed, by achieved
+    sparsity) has at the arm's achieved sparsity: linear between the neighbouring curve runs; seeds where
+    the arm lands outside the curve are left out."""
+    matched = {}
+    for seed, run in arm.runs.items():
+        points = sorted(
+            (g.runs[seed].sparsity, g.runs[seed].accuracy)
+            for g in curve
+            if seed in g.runs and g.runs[seed].sparsity is not None
+        )
+        if len(points) < 2 or run.sparsity is None:
+            continue
+        xs, ys = zip(*points, strict=True)
+        if xs[0] <= run.sparsity <= xs[-1]:
+            matched[seed] = float(np.interp(run.sparsity, xs, ys))
+    return matched
+
+
+def _matched_pairs(models: WithinModels, margin: float) -> list[Pair]:
+    """Every arm off the lognormal curve (another estimator or fit, a schedule) against the curve of its
+    model at the sparsity it achieved, paired by seed."""
+    pairs = []
+    for baseline in models.baselines:
+        arms = models.arms_of(baseline)
+        curve = [arm for arm in arms if _is_curve(arm)]
+        if len(curve) < 2:
+            continue
+        for arm in arms:
+            matched = _matched(arm, curve) if not _is_curve(arm) else {}
+            if len(matched) > 1:
+                reference = (
+                    f"lognormal at matched sparsity ({models.name(arm)})"
+                    if models.several
+                    else ("lognormal at matched sparsity")
+                )
+                pairs.append(
+                    Pair(models.label(arm), reference, arm.accuracy, matched, margin=margin, scale=arm.scale)
+                )
+    return pairs
+
+
 def _prune_row(group: RunGroup) -> dict:
     policy = group.policy
     return {
-        **run_row(group, accuracy=lambda run: run.accuracy, sparsity=lambda run: run.sparsity),
+        **run_row(group, ACCURACY, SPARSITY),
         "estimator": policy.estimator,
+        "fit": policy.fit,
         "target": policy.sparsity,
     }
 
 
-def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
-    models = WithinModels.of(settings.baselines, settings.runs, runs, "experiments.A8.baseline")
-    lognormal: dict[tuple[str, float], RunGroup] = {}
-    for group in models.arms:
-        if group.policy.estimator == "lognormal":
-            lognormal.setdefault((group.model, group.policy.sparsity), group)
-    priors = [
-        (group, lognormal[group.model, group.policy.sparsity])
-        for group in models.arms
-        if group.policy.estimator != "lognormal" and (group.model, group.policy.sparsity) in lognormal
-    ]
-    comparisons = models.gaps(priors)
-    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons[: len(models.arms)], strict=True)}
-    rows, headline = [], {}
+def _diagnosis(models: WithinModels, gaps: Mapping[str, Comparison], kinds: PerSeed) -> list[str]:
+    """For each model whose arms differ in threshold rule or target: which arms fail against its fp32 and
+    what the achieved sparsity of each layer kind was (what decides whether the sparsity level or the
+    threshold breaks it)."""
+    findings = []
     for baseline in models.baselines:
-        arms = models.arms_of(baseline)
-        rows += sorted(
-            ({"model": models.name(baseline), **_prune_row(arm)} for arm in arms),
-            key=lambda r: (r["estimator"] != "lognormal", r["estimator"], r["target"]),
-        )
-        headline[models.name(baseline)] = models.headline(baseline, gaps)
-    with_gaps(rows, gaps)
-    targets = sorted({g.policy.sparsity for g in models.arms if g.policy.estimator == "lognormal"})
-    others = sorted({g.policy.estimator for g in models.arms} - {"lognormal"})
-    panels = "one panel per model, each with" if models.several else "with"
-    caption = f"""Final test accuracy against the achieved gradient sparsity (fraction of zeros in the pruned
+        arms = [arm for arm in models.arms_of(baseline) if isinstance(arm.policy, Prune)]
+        if len(arms) < 2 or not kinds.rows():
+            continue
+        parts = []
+        for arm in sorted(arms, key=lambda a: (a.policy.sparsity, a.label)):
+            layers = [r for r in kinds.rows() if r["run"] == arm.name]
+            by_kind = ", ".join(f"{r['kind']} {r['achieved_mean']:.3f}" for r in layers)
+            overall = arm.estimate(lambda run: run.sparsity, FRACTION)
+            gap = gaps[arm.name]
+            parts.append(
+                f"{arm.label}: achieved {overall.text()}{f' ({by_kind})' if by_kind else ''}, "
+                f"{gap.difference:+.3g} pt {gap.interval} against fp32, {gap.decision}"
+            )
+        failing = [arm for arm in arms if gaps[arm.name].verdict == WORSE]
+        if failing:
+            lowest = min(arm.policy.sparsity for arm in failing)
+            rules = [arm for arm in arms if arm.policy.sparsity == lowest]
+            if all(gaps[arm.name].verdict == WORSE for arm in rules):
+                what = f"every threshold rule tried at {lowest:g} fails, so the sparsity level breaks it"
+            else:
+                spared = [a.label for a in rules if gaps[a.name].verdict != WORSE]
+                what = f"at {lowest:g} not every threshold rule fails ({', '.join(spared)} does not)"
+            trains = sorted(a.policy.sparsity for a in arms if gaps[a.name].verdict != WORSE and _is_curve(a))
+            below = (
+                f"; the lognormal curve does not fail at {', '.join(f'{t:g}' for t in trains)}"
+                if trains
+                else ""
+            )
+            parts.append(f"lowest failing target {lowest:g}: {what}{below}")
+        findings.append(f"Diagnosis, {models.name(baseline)}: " + "; ".join(parts) + ".")
+    return findings
+
+
+def _a8_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
+    targets = sorted({g.policy.sparsity for g in models.arms if _is_curve(g)})
+    others = sorted({g.label for g in models.arms if not _is_curve(g)})
+    return f"""Final test accuracy against the achieved gradient sparsity (fraction of zeros in the pruned
         gradients over the last epoch, at each model's compression points: below) for stochastic pruning
         with the lognormal threshold at targets {", ".join(f"{t:g}" for t in targets)}
-        {f"and with the other thresholds ({', '.join(others)}) at their targets" if others else ""}; mean
-        and 95 % CI over seeds on both axes; dots: each seed; {panels} the dashed line and band of the
-        uncompressed run of {"its" if models.several else "the"} model. A prior's run lands at another
-        sparsity than it asked for. Models ({models.caption()}). {training_context(runs)}. Comparisons:
-        each run against the uncompressed run of its own model, and each other threshold against the
-        lognormal one of the same model at the same target; paired by seed. The headline gives, per
-        model, the noise floor (the baseline's seed-to-seed sd) and each run's gap with its interval."""
+        {f"and the other runs ({', '.join(others)})" if others else ""}; mean and 95 % CI over seeds on both
+        axes; dots: each seed. (a) The first model's curve, with its uncompressed run (dashed line and
+        band); (b) every arm's accuracy difference from the uncompressed run of its own model and scale
+        (paired by seed, 95 % CI), coloured by model. Models ({models.caption()}). {training_context(runs)}.
+        Comparisons: each run against the uncompressed run of its own model; each other threshold, fit or
+        schedule against the lognormal curve of its model at the sparsity it achieved (per seed, linear
+        between the curve's runs); paired by seed, Holm over the comparisons, equivalence by two one-sided
+        tests at the settings' margin. A table gives the achieved sparsity of each layer kind (depthwise,
+        projection, expansion) where a model has several: the diagnosis of a model that fails."""
+
+
+def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
+    """A8: accuracy against achieved sparsity; thresholds compared at matched sparsity; a failing model
+    diagnosed from its threshold rules, targets and layer kinds."""
+    models = WithinModels.of(
+        settings.present(settings.baselines, runs),
+        settings.present(settings.runs, runs),
+        "experiments.A8.baseline",
+    )
+    matched = _matched_pairs(models, settings.margin)
+    schedules = models.pairs(models.schedules(), settings.margin)
+    comparisons = compare(models.gap_pairs(settings.margin) + matched + schedules)
+    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
+    rows = []
+    for baseline in models.baselines:
+        arms = sorted(
+            map(_prune_row, models.arms_of(baseline)),
+            key=lambda r: (r["estimator"] != "lognormal", r["estimator"], r["target"]),
+        )
+        rows += [{"model": models.name(baseline), **row} for row in arms]
+    gap_columns(rows, gaps)
+    kinds = _calibration([a for a in models.arms if isinstance(a.policy, Prune)])[2]
+    findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
+    if matched:
+        start = len(models.arms)
+        findings.append(
+            f"At matched achieved sparsity: {summarise(comparisons[start : start + len(matched)])}."
+        )
+    if schedules:
+        findings.append(f"Schedules: {summarise(comparisons[len(comparisons) - len(schedules) :])}.")
+    findings += _diagnosis(models, gaps, kinds)
+    groups = {group.name: group for group in [*models.baselines, *models.arms]}
     return Result(
-        caption=caption,
+        caption=_a8_caption(models, groups),
         tables={
-            "main": Table("Accuracy vs gradient sparsity", rows),
+            "main": Table("Accuracy vs gradient sparsity", rows, note=scale_note(groups)),
+            **_kinds_table(kinds),
             "baseline": Table(
                 "Uncompressed run of each model",
                 [{"model": models.name(b), **run_row(b)} for b in models.baselines],
                 markdown=False,
             ),
-            "seeds": per_seed_table(
-                [*models.baselines, *models.arms],
-                accuracy=lambda run: run.accuracy,
-                sparsity=lambda run: run.sparsity,
-            ),
+            "seeds": per_seed_table([*models.baselines, *models.arms], ACCURACY, SPARSITY),
         },
         comparisons=comparisons,
-        headline=headline,
+        findings=findings,
+        claims=claim_of("L6", settings.claim, gaps),
     )
 
 
@@ -218,82 +388,125 @@ def _predicted_cosine(layer: dict) -> float | None:
     return float(truncated_cosine_similarity(alpha_n, sigma, layer["truncation"]))
 
 
-def heterogeneous_sparsity(settings: Heterogeneous, runs: dict[str, RunGroup]) -> Result:
-    constrained = runs[settings.constrained]
-    homogeneous = sorted((runs[name] for name in settings.homogeneous), key=lambda g: g.policy.sparsity)
+def _limit(policy: Prune, layer: dict) -> float | None:
+    """The cosine limit a layer was held to: its own where the summary records one, else the policy's."""
+    own = layer.get("min_cosine")
+    return (
+        own
+        if isinstance(own, int | float)
+        else policy.min_cosine
+        if isinstance(policy.min_cosine, int | float)
+        else None
+    )
+
+
+def _cosines(group: RunGroup) -> tuple[PerSeed, PerSeed]:
+    """Per seed and layer: sparsity, predicted and measured cosine, their difference and the layer's limit;
+    per seed over the layers: the mean and mean absolute difference and the layers below their limit."""
+    layers = PerSeed(
+        ("layer", "index"),
+        {"sparsity": FRACTION, "predicted_cosine": CORRELATION, "measured_cosine": CORRELATION},
+    )
+    model = PerSeed(("run",), {"below_limit_share": FRACTION})
+    for seed, run in group.runs.items():
+        errors, below = [], []
+        for index, (name, layer) in enumerate(run.summary["layers"].items()):
+            predicted, measured = _predicted_cosine(layer), layer.get("cosine")
+            limit = _limit(group.policy, layer)
+            error = None if predicted is None or measured is None else measured - predicted
+            layers.add(
+                seed,
+                {"layer": name, "index": index},
+                sparsity=layer["sparsity"],
+                predicted_cosine=predicted,
+                measured_cosine=measured,
+                error=error,
+                truncation=layer.get("truncation") if predicted is not None else None,
+                limit=limit,
+            )
+            if error is not None:
+                errors.append(error)
+                below.append(limit is not None and measured < limit)
+        if errors:
+            model.add(
+                seed,
+                {"run": group.name},
+                mean_error=float(np.mean(errors)),
+                mean_abs_error=float(np.mean(np.abs(errors))),
+                below_limit_share=float(np.mean(below)),
+            )
+    return layers, model
+
+
+def _a9_caption(constrained: RunGroup, runs: dict[str, RunGroup]) -> str:
     policy = constrained.policy
-    comparisons = compare_accuracy([(constrained, group) for group in homogeneous])
-    layers = []
-    per_layer = defaultdict(lambda: defaultdict(list))
-    for run in constrained.runs.values():
-        for name, layer in run.summary["layers"].items():
-            values = per_layer[name]
-            if layer["sparsity"] is not None:
-                values["sparsity"].append(layer["sparsity"])
-            predicted = _predicted_cosine(layer)
-            if predicted is not None and layer.get("cosine") is not None:
-                values["predicted_cosine"].append(predicted)
-                values["measured_cosine"].append(layer["cosine"])
-                values["truncation"].append(layer["truncation"])
-    for index, (name, values) in enumerate(per_layer.items()):
-        row = {"layer": name, "index": index}
-        for key in ("sparsity", "predicted_cosine", "measured_cosine", "truncation"):
-            row |= Estimate.of(values.get(key, [])).columns(key)
-        layers.append(row | {"seeds": len(values.get("sparsity", []))})
+    truncation = (
+        "k measured per layer and fit (the standardised N/300-th largest ln|g|)"
+        if policy.truncation is None
+        else f"k = {policy.truncation:g}"
+    )
+    return f"""Heterogeneous pruning at overall target {policy.sparsity:g} with each layer's predicted
+        cosine similarity between pruned and original gradient held at or above its limit
+        ({constrained.label}; lognormal truncated at k sigmas, {truncation}): at each refresh one common
+        sparsity is solved from the layers' last fits so that the layers, each held to its cosine limit,
+        hit the target overall (weighted by their elements). (a) Per-layer achieved sparsity, (b)
+        predicted and measured cosine at the last step, mean over seeds with 95 % CI (inside [-1, 1]),
+        with each layer's limit; the error of the cosine model on these real gradients, measured -
+        predicted, is tabulated per layer and over the layers. (c) Accuracy against overall sparsity (mean
+        and 95 % CI on both axes) next to homogeneous pruning. {training_context(runs)}. Comparisons: the
+        constrained run against each homogeneous run, paired by seed, Holm over them, equivalence by two
+        one-sided tests at the settings' margin."""
+
+
+def heterogeneous_sparsity(settings: Heterogeneous, runs: dict[str, RunGroup]) -> Result:
+    """A9: heterogeneous against homogeneous pruning, and the cosine model's error per layer."""
+    constrained = runs[settings.constrained]
+    homogeneous = sorted(settings.present(settings.homogeneous, runs), key=lambda g: g.policy.sparsity)
+    comparisons = compare(
+        [
+            Pair(
+                constrained.label,
+                g.label,
+                constrained.accuracy,
+                g.accuracy,
+                margin=settings.margin,
+                scale=g.scale,
+            )
+            for g in homogeneous
+        ]
+    )
+    layers, model = _cosines(constrained)
     rows = [
         {
-            **run_row(group, accuracy=lambda run: run.accuracy, sparsity=lambda run: run.sparsity),
+            **run_row(group, ACCURACY, SPARSITY),
             "min_cosine": group.policy.min_cosine,
             "target": group.policy.sparsity,
             **group.estimate(lambda run, g=group: run.sparsity - g.policy.sparsity).columns("error"),
         }
         for group in [constrained, *homogeneous]
     ]
-    gaps = [
-        gap
-        for row in layers
-        if math.isfinite(gap := row["measured_cosine_mean"] - row["predicted_cosine_mean"])
-    ]
-    below = [row["layer"] for row in layers if row["measured_cosine_mean"] < policy.min_cosine]
-    truncation = (
-        "k measured per layer and fit (the standardised N/300-th largest ln|g|)"
-        if policy.truncation is None
-        else f"k = {policy.truncation:g}"
-    )
-    caption = f"""Heterogeneous pruning at overall target {policy.sparsity:g} with every layer's predicted
-        cosine similarity between pruned and original gradient at least {policy.min_cosine:g} (lognormal
-        truncated at k sigmas, {truncation}): at each refresh one common sparsity is solved from the layers'
-        last fits so that the layers, each held to its cosine limit, hit the target overall (weighted by their
-        elements). (a) Per-layer achieved sparsity, (b) predicted and measured cosine at the last step, mean
-        over seeds with 95 % CI; the truncation leaves the largest values' energy out of the prediction, so on
-        lognormal data the measured cosine lies between it and the untruncated closed form (tested). (c)
-        Accuracy against overall sparsity (mean and 95 % CI on both axes) next to homogeneous pruning.
-        {training_context(runs)}. Comparisons: the constrained run against each homogeneous run, paired by
-        seed."""
-    overall = rows[0]
-    headline = {
-        "overall_sparsity": {key: overall[f"sparsity_{key}"] for key in ("mean", "ci_low", "ci_high")},
-        "overall_error": overall["error_mean"],
-        "layer_sparsity_range": [
-            min(row["sparsity_mean"] for row in layers),
-            max(row["sparsity_mean"] for row in layers),
-        ]
-        if layers
-        else None,
-        "measured_minus_predicted_cosine_range": [min(gaps), max(gaps)] if gaps else None,
-        "layers_measured_below_min_cosine": below,
-    }
+    findings = [f"Against homogeneous pruning: {summarise(comparisons)}."] if comparisons else []
+    for row in model.rows():
+        findings.append(
+            "The cosine model on these gradients: measured - predicted cosine, mean over layers "
+            f"{_text(row, 'mean_error')}, mean absolute {_text(row, 'mean_abs_error')}; share of layers "
+            f"measured below their limit {_text(row, 'below_limit_share')} ({row['seeds']} seeds)."
+        )
+    groups = {g.name: g for g in [constrained, *homogeneous]}
     return Result(
-        caption=caption,
+        caption=_a9_caption(constrained, groups),
         tables={
-            "main": Table("Heterogeneous vs homogeneous sparsity", rows),
-            "layers": Table("Per-layer sparsity, predicted and measured cosine (constrained run)", layers),
-            "seeds": per_seed_table(
-                [constrained, *homogeneous],
-                accuracy=lambda run: run.accuracy,
-                sparsity=lambda run: run.sparsity,
+            "main": Table("Heterogeneous vs homogeneous sparsity", rows, note=scale_note(groups)),
+            "layers": Table(
+                "Per-layer sparsity, predicted and measured cosine (constrained run)", layers.rows()
             ),
+            "cosine_model": Table("Error of the cosine model over the layers", model.rows()),
+            "seeds": per_seed_table([constrained, *homogeneous], ACCURACY, SPARSITY),
         },
         comparisons=comparisons,
-        headline=headline,
+        findings=findings,
     )
+
+
+def _text(row: dict, name: str) -> str:
+    return Estimate.read(row, name).text()

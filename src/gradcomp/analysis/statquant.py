@@ -3,22 +3,28 @@
 Measurements (B1-B3, X2) use the trained QAT model (8-bit forward quantization) of each seed read, in eval
 mode, so that BatchNorm uses running statistics and repeated passes over a batch differ only by the gradient
 quantizers' random bits; batches come from the test split in a fixed shuffled order. Each seed's model gives
-one measurement; tables give the mean and 95 % CI over seeds.
+one measurement (a `PerSeed` record); tables give the mean and 95 % CI over seeds.
 """
 
 from __future__ import annotations
 
 import itertools
 import math
-from collections import defaultdict
 from collections.abc import Iterator
 
 import numpy as np
 import torch
-from scipy.stats import spearmanr
 from torch import Tensor, nn
 
-from gradcomp.analysis.accuracy import compare_accuracy, noise_floor, per_seed_table, run_row
+from gradcomp.analysis.accuracy import (
+    accuracy_pair,
+    claim_of,
+    gap_columns,
+    per_seed_table,
+    run_row,
+    scale_note,
+)
+from gradcomp.analysis.claims import differs, equivalent
 from gradcomp.analysis.gradients import (
     bin_codes,
     fqt_weight_gradients,
@@ -31,12 +37,23 @@ from gradcomp.analysis.gradients import (
     weight_gradients,
 )
 from gradcomp.analysis.runs import Run, RunGroup, load_trained_model, seed_list, training_context
-from gradcomp.analysis.seeds import SIGNIFICANT, Comparison, Estimate, compare
+from gradcomp.analysis.seeds import (
+    CORRELATION,
+    FRACTION,
+    LINEAR,
+    POSITIVE,
+    Bounds,
+    Estimate,
+    PerSeed,
+    spearman,
+)
 from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import BETTER, Pair, compare, one_sample, summarise
 from gradcomp.data import load_split
 from gradcomp.experiments import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
 
 SCHEMES = ("ptq", "psq", "bhq")
+NAMES = {scheme: scheme.upper() for scheme in SCHEMES}
 Batch = tuple[Tensor, Tensor]
 
 
@@ -63,11 +80,6 @@ def _int_policy(bits: int, scheme: str, weight_bits: int | None = None) -> str:
     return f"int:bits={bits},scheme={scheme},weight_bits={weight_bits or bits}"
 
 
-def _per_bit_factor(bits: list[int], variances: list[float]) -> float:
-    """exp(-slope) of ln(variance) against bits: by how much one more bit divides the variance."""
-    return float(np.exp(-np.polyfit(bits, np.log(variances), 1)[0]))
-
-
 def _measured(group: RunGroup, what: str) -> str:
     """Where a measurement comes from, for captions."""
     config = group.config
@@ -78,10 +90,22 @@ def _measured(group: RunGroup, what: str) -> str:
     )
 
 
-def _rows_over_seeds(values: dict[tuple, list[float]], keys: tuple[str, ...], name: str) -> list[dict]:
+def _scheme_pairs(
+    values: PerSeed, key: str, name: str, unit: str, higher_is_better: bool, **pair
+) -> list[Pair]:
+    """PSQ vs PTQ, BHQ vs PTQ and BHQ vs PSQ on the quantity `name` of rows keyed {key: scheme}."""
     return [
-        {**dict(zip(keys, key, strict=True)), **Estimate.of(v).columns(name), "seeds": len(v)}
-        for key, v in values.items()
+        Pair(
+            NAMES[a],
+            NAMES[b],
+            values.values({key: a}, name),
+            values.values({key: b}, name),
+            unit=unit,
+            factor=1.0,
+            higher_is_better=higher_is_better,
+            **pair,
+        )
+        for a, b in (("psq", "ptq"), ("bhq", "ptq"), ("bhq", "psq"))
     ]
 
 
@@ -101,12 +125,49 @@ def _code_usage(codes: Tensor, levels: int) -> tuple[Tensor, dict[str, float]]:
     }
 
 
+def _range_histogram(x: Tensor) -> list[dict]:
+    """The per-sample ranges of one gradient as a log-spaced histogram (what panel (a) draws)."""
+    ranges = row_ranges(x).double()
+    positive = ranges[ranges > 0]
+    counts, edges = np.histogram(
+        positive.numpy(), bins=np.geomspace(float(positive.min()), float(positive.max()), 30)
+    )
+    return [
+        {
+            "left": float(a),
+            "right": float(b),
+            "samples": int(n),
+            "whole_tensor_range": float(x.max() - x.min()),
+            "shape": list(x.shape),
+        }
+        for a, b, n in zip(edges[:-1], edges[1:], counts, strict=True)
+    ]
+
+
+def _b1_caption(settings: BinUsage, group: RunGroup) -> str:
+    levels = 2**settings.bits
+    return f"""(a) Per-sample ranges (max - min) of the output gradient of {settings.layer} for one test
+        batch, first seed: the samples' scales differ by orders of magnitude, and PTQ's single range (dashed)
+        is set by the largest. (b-d) Histograms (log y) of the integer codes each element lands on at
+        {settings.bits} bits (codes 0-{levels - 1}) under PTQ, PSQ and BHQ (quantize_int's own stochastic
+        rounding), first seed: PTQ crowds most elements into a few central bins, per-sample scales (PSQ)
+        spread them, and the block Householder transform (BHQ) spreads them most. Table: bins used, code
+        entropy and each scheme's quantization variance ({settings.draws} draws);
+        {_measured(group, "measured on the gradients")}. Comparisons: code entropy, paired by seed, Holm over
+        them."""
+
+
 def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
+    """B1: how many quantization bins each scheme uses on one layer's neural gradient."""
     group = runs[settings.run]
     bits, levels = settings.bits, 2**settings.bits
-    usage: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    entropy: dict[str, dict[int, float]] = defaultdict(dict)
-    spreads, ranges_table, codes_table = [], [], []
+    entropy_bounds = Bounds(0.0, float(bits))
+    usage = PerSeed(
+        ("scheme",),
+        {"used_fraction": FRACTION, "entropy_bits": entropy_bounds, "quantization_variance": POSITIVE},
+    )
+    spreads = PerSeed(("layer",), {"sigma_ln_sample_range": POSITIVE})
+    ranges_table, codes_table = [], []
     for seed, run, model in _models(group):
         gradients = output_gradients(model, *_batches(run, 1)[0])
         if settings.layer not in gradients:
@@ -116,71 +177,39 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
             )
         x = gradients[settings.layer]
         ranges = row_ranges(x).double()
-        positive = ranges[ranges > 0]
-        spreads.append(float(positive.log().std()))
+        spreads.add(
+            seed, {"layer": settings.layer}, sigma_ln_sample_range=float(ranges[ranges > 0].log().std())
+        )
         first = not ranges_table
         if first:  # the figure shows the first seed's tensor
-            counts, edges = np.histogram(
-                positive.numpy(), bins=np.geomspace(float(positive.min()), float(positive.max()), 30)
-            )
-            ranges_table = [
-                {
-                    "left": float(a),
-                    "right": float(b),
-                    "samples": int(n),
-                    "whole_tensor_range": float(x.max() - x.min()),
-                    "shape": list(x.shape),
-                }
-                for a, b, n in zip(edges[:-1], edges[1:], counts, strict=True)
-            ]
+            ranges_table = _range_histogram(x)
         for scheme in SCHEMES:
-            counts, stats = _code_usage(bin_codes(x, bits, scheme, seed=seed), levels)
-            stats["quantization_variance"] = quantizer_variance(x, bits, scheme, settings.draws, seed=seed)
-            for name, number in stats.items():
-                usage[(scheme,)][name].append(number)
-            entropy[scheme][seed] = stats["entropy_bits"]
+            counts, numbers = _code_usage(bin_codes(x, bits, scheme, seed=seed), levels)
+            variance = quantizer_variance(x, bits, scheme, settings.draws, seed=seed)
+            usage.add(seed, {"scheme": scheme}, **numbers, quantization_variance=variance)
             if first:
                 codes_table += [
                     {"scheme": scheme, "code": code, "elements": int(n)} for code, n in enumerate(counts)
                 ]
-    rows = []
-    for (scheme,), statistics in usage.items():
-        row = {"scheme": scheme}
-        for name, values in statistics.items():
-            row |= Estimate.of(values).columns(name)
-        rows.append({**row, "seeds": len(group.runs)})
     comparisons = compare(
-        [
-            (("PSQ", entropy["psq"]), ("PTQ", entropy["ptq"])),
-            (("BHQ", entropy["bhq"]), ("PSQ", entropy["psq"])),
-        ],
-        scale=1.0,
-        unit="bits of entropy",
+        _scheme_pairs(usage, "scheme", "entropy_bits", "bits of entropy", True, bounds=entropy_bounds)
     )
-    headline = {
-        "layer": settings.layer,
-        "bits": bits,
-        **{f"{row['scheme']}_entropy_bits": row["entropy_bits_mean"] for row in rows},
-        **{f"{row['scheme']}_distinct_bins": row["distinct_bins_mean"] for row in rows},
-        "sigma_ln_sample_range": Estimate.of(spreads).columns("ln"),
-    }
-    caption = f"""(a) Per-sample ranges (max - min) of the output gradient of {settings.layer} for one test
-        batch, first seed: the samples' scales differ by orders of magnitude, and PTQ's single range (dashed)
-        is set by the largest. (b-d) Histograms (log y) of the integer codes each element lands on at {bits}
-        bits (codes 0-{levels - 1}) under PTQ, PSQ and BHQ (quantize_int's own stochastic rounding), first
-        seed: PTQ crowds most elements into a few central bins, per-sample scales (PSQ) spread them, and the
-        block Householder transform (BHQ) spreads them most. Table: bins used, code entropy and each scheme's
-        quantization variance ({settings.draws} draws); {_measured(group, "measured on the gradients")}.
-        Comparisons: code entropy, paired by seed."""
+    (spread,) = spreads.rows()
+    findings = [
+        f"Code entropy of {bits}-bit codes on {settings.layer}: {summarise(comparisons)}.",
+        f"sigma of ln(per-sample range): {Estimate.read(spread, 'sigma_ln_sample_range').text()}.",
+    ]
     return Result(
-        caption=caption,
+        caption=_b1_caption(settings, group),
         tables={
-            "main": Table(f"Bin usage of {bits}-bit gradient quantizers ({settings.layer})", rows),
+            "main": Table(f"Bin usage of {bits}-bit gradient quantizers ({settings.layer})", usage.rows()),
             "ranges": Table("Per-sample ranges (first seed)", ranges_table, markdown=False),
             "codes": Table("Code histograms (first seed)", codes_table, markdown=False),
         },
         comparisons=comparisons,
-        headline=headline,
+        findings=findings,
+        claims=[differs("S1", comparisons[:2], BETTER)],
+        facts={"layer": settings.layer, "bits": bits},
     )
 
 
@@ -197,29 +226,29 @@ def unbiased_sampling_variance(qat: Tensor) -> tuple[float, float]:
     return float(deviations.mean()), float(deviations.std() / math.sqrt(count))
 
 
-def _relation(comparison: Comparison) -> str:
-    """below / above / within noise of the sampling variance, from a paired ln-variance comparison."""
-    if comparison.verdict != SIGNIFICANT:
-        return comparison.verdict
-    return "below" if comparison.difference < 0 else "above"
+def _per_bit_factor(bits: list[int], variances: list[float]) -> float:
+    """exp(-slope) of ln(variance) against bits: by how much one more bit divides the variance."""
+    return float(np.exp(-np.polyfit(bits, np.log(variances), 1)[0]))
 
 
-def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Result:
-    group = runs[settings.run]
-    bit_list = list(settings.bits)
-    variance: dict[tuple, list[float]] = defaultdict(list)
-    errors: dict[tuple, list[float]] = defaultdict(list)  # within-seed standard errors
-    log_variance: dict[str, dict[int, float]] = defaultdict(dict)  # scheme -> seed -> mean ln variance
-    log_point: dict[tuple, dict[int, float]] = defaultdict(dict)  # (bits, scheme) -> seed -> ln variance
-    log_sampling: dict[int, float] = {}
-    sampling, sampling_rows, factors = [], [], defaultdict(list)
+def _variances(settings: VarianceVsBits, group: RunGroup) -> tuple[PerSeed, PerSeed, list[dict]]:
+    """Per seed: each (bits, scheme)'s quantization variance of the weight gradient (mean over batches and
+    draws, with its standard error over batches), the QAT sampling variance; per scheme its mean ln
+    variance over the bit widths and its per-bit factor."""
+    points = PerSeed(("bits", "scheme"), {"quantization_variance": POSITIVE, "ln_variance": LINEAR})
+    schemes = PerSeed(("scheme",), {"per_bit_factor": POSITIVE})
+    sampling_rows = []
     for seed, run, model in _models(group):
         batches = _batches(run, max(settings.batches, settings.sampling_batches))
         qat = torch.stack([weight_gradients(model, *batch) for batch in batches])
         estimate, error = unbiased_sampling_variance(qat[: settings.sampling_batches])
-        sampling.append(estimate)
-        errors["sampling"].append(error)
-        log_sampling[seed] = math.log(estimate)
+        points.add(
+            seed,
+            {"bits": None, "scheme": "QAT sampling"},
+            quantization_variance=estimate,
+            ln_variance=math.log(estimate),
+            within_seed_se=error,
+        )
         sampling_rows.append(
             {
                 "seed": seed,
@@ -233,117 +262,136 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
             }
         )
         qat = qat[: settings.batches]
-        mine = {}
-        for bits, scheme in itertools.product(bit_list, SCHEMES):
-            policy = _int_policy(bits, scheme, settings.weight_bits)
-            per_batch = [
-                quantization_variance(
-                    qat[i : i + 1],
-                    fqt_weight_gradients(
-                        model, *batch, policy, settings.draws, seed=seed, first_step=i * settings.draws
-                    )[None],
-                )
-                for i, batch in enumerate(batches[: settings.batches])
-            ]
-            mine[bits, scheme] = float(np.mean(per_batch))
-            variance[bits, scheme].append(mine[bits, scheme])
-            if len(per_batch) > 1:
-                errors[bits, scheme].append(float(np.std(per_batch, ddof=1) / math.sqrt(len(per_batch))))
-            log_point[bits, scheme][seed] = math.log(mine[bits, scheme])
         for scheme in SCHEMES:
-            log_variance[scheme][seed] = float(np.mean([math.log(mine[b, scheme]) for b in bit_list]))
-            factors[scheme].append(_per_bit_factor(bit_list, [mine[b, scheme] for b in bit_list]))
-    name = {scheme: scheme.upper() for scheme in SCHEMES}
-    versus = [
-        ((f"{name[scheme]} {bits} bits", log_point[bits, scheme]), ("QAT sampling", log_sampling))
-        for bits, scheme in itertools.product(bit_list, SCHEMES)
+            variances = []
+            for bits in settings.bits:
+                policy = _int_policy(bits, scheme, settings.weight_bits)
+                per_batch = [
+                    quantization_variance(
+                        qat[i : i + 1],
+                        fqt_weight_gradients(
+                            model, *batch, policy, settings.draws, seed=seed, first_step=i * settings.draws
+                        )[None],
+                    )
+                    for i, batch in enumerate(batches[: settings.batches])
+                ]
+                variance = float(np.mean(per_batch))
+                error = (
+                    float(np.std(per_batch, ddof=1) / math.sqrt(len(per_batch)))
+                    if len(per_batch) > 1
+                    else None
+                )
+                points.add(
+                    seed,
+                    {"bits": bits, "scheme": scheme},
+                    quantization_variance=variance,
+                    ln_variance=math.log(variance),
+                    within_seed_se=error,
+                )
+                variances.append(variance)
+            factor = _per_bit_factor(list(settings.bits), variances)
+            schemes.add(
+                seed,
+                {"scheme": scheme},
+                mean_ln_variance=float(np.mean(np.log(variances))),
+                per_bit_factor=factor,
+                ln_factor_over_4=math.log(factor / 4),
+            )
+    return points, schemes, sampling_rows
+
+
+def _b2_caption(settings: VarianceVsBits, group: RunGroup, sampling_rows: list[dict]) -> str:
+    relative = [row["relative_standard_error"] for row in sampling_rows]
+    weight_path = f"{settings.weight_bits} bits" if settings.weight_bits else "the swept bits"
+    draws = f"{settings.batches} batch{'es' if settings.batches > 1 else ''} x {settings.draws} draws"
+    return f"""Quantization variance of the FQT weight gradient, the mean over test batches and stochastic
+        draws of ||g_FQT - g_QAT||^2 summed over every convolution and linear weight (statquant section
+        3.4), against the gradient bits ({draws} per point; activation path: the scheme; weight path: per
+        tensor for PTQ, per column otherwise, at {weight_path});
+        {_measured(group, "measured on the weight gradients")}. Points: mean over seeds with its 95 % CI
+        (computed on the log scale). Dashed (band: 95 % CI over seeds): the QAT minibatch sampling variance
+        E||g_b - g_bar||^2, unbiased (squared deviations summed over B - 1) from B =
+        {settings.sampling_batches} batches per seed, with a standard error (from the per-batch squared
+        deviations) of {min(relative):.0%}-{max(relative):.0%} of it within a seed (table column
+        within_seed_se: the standard error within a seed, over batches; per-seed table: also the biased
+        mean_b ||g_b - g_bar||^2 of the first {settings.batches} batches alone). Dotted: a fall by 4 per
+        bit. Comparisons, paired by seed on ln variance and Holm-adjusted together: the mean ln variance over
+        the bit widths, PSQ and BHQ against PTQ and BHQ against PSQ (lower is better; exp of the difference
+        is the geometric-mean variance ratio); each scheme's per-bit factor against 4 (ln of factor / 4,
+        within ±{settings.per_bit_margin:g} counts as 4); and each scheme at each bit width against the
+        sampling variance (filled markers: significantly below or above it, hollow: inconclusive)."""
+
+
+def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Result:
+    """B2: quantization variance against bits per scheme, against the QAT sampling variance."""
+    group = runs[settings.run]
+    points, schemes, sampling_rows = _variances(settings, group)
+    sampling = points.values({"bits": None, "scheme": "QAT sampling"}, "ln_variance")
+    ordering = _scheme_pairs(schemes, "scheme", "mean_ln_variance", "ln variance", False, bounds=LINEAR)
+    fours = [
+        one_sample(
+            f"{NAMES[s]} ln(per-bit factor / 4)",
+            schemes.values({"scheme": s}, "ln_factor_over_4"),
+            0.0,
+            unit="",
+            margin=settings.per_bit_margin,
+            higher_is_better=None,
+            scale=group.scale,
+        )
+        for s in SCHEMES
     ]
-    comparisons = compare(
-        [
-            (("PTQ", log_variance["ptq"]), ("PSQ", log_variance["psq"])),
-            (("PSQ", log_variance["psq"]), ("BHQ", log_variance["bhq"])),
-            *versus,
-        ],
-        scale=1.0,
-        unit="ln variance",
-    )
-    against = dict(zip(itertools.product(bit_list, SCHEMES), comparisons[2:], strict=True))
+    keys = [(bits, scheme) for bits in settings.bits for scheme in SCHEMES]
+    versus = [
+        Pair(
+            f"{NAMES[scheme]} {bits} bits",
+            "QAT sampling",
+            points.values({"bits": bits, "scheme": scheme}, "ln_variance"),
+            sampling,
+            unit="ln variance",
+            factor=1.0,
+            higher_is_better=False,
+            bounds=LINEAR,
+            scale=group.scale,
+        )
+        for bits, scheme in keys
+    ]
+    comparisons = compare([*ordering, *fours, *versus])
+    against = dict(zip(keys, comparisons[len(ordering) + len(fours) :], strict=True))
     rows = []
-    for (bits, scheme), values in variance.items():
-        comparison = against[bits, scheme]
-        rows.append(
-            {
-                "bits": bits,
-                "scheme": scheme,
-                **Estimate.of(values).columns("quantization_variance"),
-                "within_seed_se": float(np.mean(errors[bits, scheme])) if errors[bits, scheme] else None,
-                "seeds": len(values),
+    for row in points.rows():
+        comparison = against.get((row["bits"], row["scheme"]))
+        if comparison is not None:
+            row |= {
                 "ratio_to_sampling": math.exp(comparison.difference),
                 "ratio_ci_low": math.exp(comparison.ci_low) if math.isfinite(comparison.ci_low) else None,
                 "ratio_ci_high": math.exp(comparison.ci_high) if math.isfinite(comparison.ci_high) else None,
-                "p": comparison.p,
-                "vs_sampling": _relation(comparison),
+                "vs_sampling": comparison.verdict,
             }
-        )
-    relative = [row["relative_standard_error"] for row in sampling_rows]
-    rows.append(
-        {
-            "bits": None,
-            "scheme": "QAT sampling",
-            **Estimate.of(sampling).columns("quantization_variance"),
-            "within_seed_se": float(np.mean(errors["sampling"])),
-            "seeds": len(sampling),
-        }
-    )
-    by_bits = defaultdict(list)
-    for (bits, scheme), comparison in against.items():
-        relation = _relation(comparison)
-        by_bits[bits].append(
-            f"{name[scheme]} {relation} ({math.exp(comparison.difference):.2g}x, p={comparison.p:.2g})"
-        )
-    verdicts = "; ".join(f"{bits} bits: {', '.join(parts)}" for bits, parts in by_bits.items())
-    # the gaps that matter: the per-sample schemes' (PSQ, BHQ) at the lowest bit widths
-    closest = min(
-        (c for (_, scheme), c in against.items() if scheme != "ptq"), key=lambda c: abs(c.difference)
-    )
-    gap = f"a factor {math.exp(abs(closest.difference)):.2g} ({closest.a})"
-    headline = {
-        "sample_variance": Estimate.of(sampling).columns("variance"),
-        "sampling_batches": settings.sampling_batches,
-        "sampling_relative_se_max": max(relative),
-        "ptq_over_psq_geomean": math.exp(comparisons[0].difference),
-        "psq_over_bhq_geomean": math.exp(comparisons[1].difference),
-        **{f"{s}_per_bit_factor": Estimate.of(factors[s]).columns("factor") for s in SCHEMES},
-        "vs_sampling": {f"{name[s]}_{b}": _relation(c) for (b, s), c in against.items()},
-    }
-    weight_path = f"{settings.weight_bits} bits" if settings.weight_bits else "the swept bits"
-    draws = f"{settings.batches} batch{'es' if settings.batches > 1 else ''} x {settings.draws} draws"
-    measured = _measured(group, "measured on the weight gradients")
-    caption = f"""Quantization variance of the FQT weight gradient, the mean over test batches and stochastic
-        draws of ||g_FQT - g_QAT||^2 summed over every convolution and linear weight (statquant section 3.4),
-        against the gradient bits ({draws} per point; activation path: the scheme; weight path: per tensor
-        for PTQ, per column otherwise, at {weight_path}); {measured}. Dashed (band: 95 % CI over seeds):
-        the QAT minibatch sampling variance E||g_b - g_bar||^2, unbiased (squared deviations summed over
-        B - 1) from B = {settings.sampling_batches} batches per seed, with a standard error (from the
-        per-batch squared deviations) of {min(relative):.0%}-{max(relative):.0%} of it within a seed,
-        against {gap} between it and the closest PSQ or BHQ point (table column within_seed_se: the
-        standard error within a seed, over batches, mean over seeds; per-seed table: also the biased
-        mean_b ||g_b - g_bar||^2 of the first {settings.batches} batches alone). Dotted: a fall by 4 per bit.
-        Quantization against sampling variance, each scheme at each bit width (ratio, geometric mean over
-        seeds; paired t-test on ln variance by seed; filled markers: significantly above or below, hollow:
-        within noise): {verdicts}. Comparisons: these, and the mean ln variance over the bit widths, PTQ vs
-        PSQ and PSQ vs BHQ, paired by seed (exp of the difference is the geometric-mean variance ratio);
-        Holm-adjusted together."""
+        rows.append(row)
+    ordering_results = comparisons[: len(ordering)]
+    findings = [
+        f"Mean ln variance over the bit widths (lower is better): {summarise(ordering_results)}.",
+        f"Per-bit factor against 4: {summarise(comparisons[len(ordering) : len(ordering) + len(fours)])}.",
+        f"Against the QAT sampling variance (better: below it): {summarise(list(against.values()))}.",
+    ]
     return Result(
-        caption=caption,
+        caption=_b2_caption(settings, group, sampling_rows),
         tables={
             "main": Table("Gradient variance vs bits (QAT model)", rows),
+            "schemes": Table(
+                "Per scheme: mean ln variance over the bit widths and per-bit factor", schemes.rows()
+            ),
             "sampling": Table(
                 f"Unbiased sampling variance per seed ({settings.sampling_batches} batches)", sampling_rows
             ),
         },
         comparisons=comparisons,
-        headline=headline,
+        findings=findings,
+        claims=[
+            differs("S2", ordering_results[:2], BETTER),
+            equivalent("S3", comparisons[len(ordering) : len(ordering) + len(fours)]),
+        ],
+        facts={"sampling_batches": settings.sampling_batches},
     )
 
 
@@ -352,16 +400,30 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
 # exceed e3m0's largest value 16 and saturate (about 0.1% of them in the default model, yet a large share of
 # the gradient's energy)
 BIASED_CONTRAST = "fp:format=e3m0,rounding=stochastic,scaling=per_layer_mean"
+UNBIASED_SLOPE = -0.5  # the error of the mean of K unbiased draws falls as 1/sqrt(K)
+
+
+def _b3_caption(settings: Unbiasedness, group: RunGroup, draws: int) -> str:
+    return f"""Relative error ||mean of K FQT weight gradients - g_QAT|| / ||g_QAT|| (all convolution and
+        linear weights) of one test batch, against the number K of independent stochastic-rounding draws (up
+        to {draws}), for PTQ, PSQ and BHQ at {settings.bits} bits on both gradient paths;
+        {_measured(group, "measured on the weight gradients")}. Unbiased quantizers fall as 1/sqrt(K) (dotted
+        reference; log-log slope -0.5) towards the exact QAT gradient. The contrast, 4-bit floating point
+        e3m0 on the convolution outputs with stochastic rounding and a per-layer scale that puts the mean
+        log2|g| at 2^-3, saturates the largest gradients (beyond the format's largest value, 16): it is
+        random but biased, and its error stalls at the bias. Comparisons: each curve's fitted log-log slope
+        (per seed) against -0.5, equivalent within ±{settings.slope_margin:g}."""
 
 
 def unbiasedness(settings: Unbiasedness, runs: dict[str, RunGroup]) -> Result:
+    """B3: the mean of K FQT gradients converges to the QAT gradient as 1/sqrt(K) for unbiased schemes."""
     group = runs[settings.run]
     ks = [2**i for i in range(int(math.log2(settings.draws)) + 1)]
     policies = {scheme: _int_policy(settings.bits, scheme) for scheme in SCHEMES} | {
         "fp_e3m0": BIASED_CONTRAST
     }
-    errors: dict[tuple, list[float]] = defaultdict(list)
-    slopes: dict[str, list[float]] = defaultdict(list)
+    errors = PerSeed(("policy", "draws"), {"relative_error": POSITIVE})
+    slopes = PerSeed(("policy",))
     for seed, run, model in _models(group):
         images, labels = _batches(run, 1)[0]
         exact = weight_gradients(model, images, labels)
@@ -369,79 +431,91 @@ def unbiasedness(settings: Unbiasedness, runs: dict[str, RunGroup]) -> Result:
             draws = fqt_weight_gradients(model, images, labels, policy, ks[-1], seed=seed)
             curve = relative_error_of_mean(exact, draws, ks)
             for k, error in zip(ks, curve, strict=True):
-                errors[name, k].append(error)
-            slopes[name].append(float(np.polyfit(np.log(ks), np.log(curve), 1)[0]))
-    rows = _rows_over_seeds(errors, ("policy", "draws"), "relative_error")
-    headline = {
-        "bits": settings.bits,
-        **{f"{name}_slope": Estimate.of(values).columns("slope") for name, values in slopes.items()},
-        **{f"{name}_error_K{ks[-1]}": float(np.mean(errors[name, ks[-1]])) for name in policies},
-    }
-    caption = f"""Relative error ||mean of K FQT weight gradients - g_QAT|| / ||g_QAT|| (all convolution and
-        linear weights) of one test batch, against the number K of independent stochastic-rounding draws (up
-        to {ks[-1]}), for PTQ, PSQ and BHQ at {settings.bits} bits on both gradient paths;
-        {_measured(group, "measured on the weight gradients")}. Unbiased quantizers fall as 1/sqrt(K) (dotted
-        reference; log-log slope -0.5) towards the exact QAT gradient. The contrast, 4-bit floating point
-        e3m0 on the convolution outputs with stochastic rounding and a per-layer scale that puts the mean
-        log2|g| at 2^-3, saturates the largest gradients (beyond the format's largest value, 16): it is
-        random but biased, and its error stalls at the bias. Headline: the fitted log-log slope of each
-        curve."""
+                errors.add(seed, {"policy": name, "draws": k}, relative_error=error)
+            slopes.add(seed, {"policy": name}, slope=float(np.polyfit(np.log(ks), np.log(curve), 1)[0]))
+    comparisons = compare(
+        [
+            one_sample(
+                f"{NAMES.get(name, name)} slope",
+                slopes.values({"policy": name}, "slope"),
+                UNBIASED_SLOPE,
+                unit="",
+                margin=settings.slope_margin,
+                higher_is_better=None,
+                scale=group.scale,
+            )
+            for name in policies
+        ]
+    )
     return Result(
-        caption=caption,
-        tables={"main": Table(f"Unbiasedness of {settings.bits}-bit FQT gradients", rows)},
-        headline=headline,
+        caption=_b3_caption(settings, group, ks[-1]),
+        tables={
+            "main": Table(f"Unbiasedness of {settings.bits}-bit FQT gradients", errors.rows()),
+            "slopes": Table("Log-log slope of each curve", slopes.rows()),
+        },
+        comparisons=comparisons,
+        findings=[f"Log-log slopes against -0.5: {summarise(comparisons)}."],
+        claims=[equivalent("S4", comparisons[: len(SCHEMES)])],
     )
 
 
 # --- B4 -----------------------------------------------------------------------------------------------------
+def _b4_caption(qat: RunGroup, fqt: list[RunGroup], bit_list: list[int], runs: dict[str, RunGroup]) -> str:
+    weight_paths = sorted({f"{g.policy.weight_bits}-bit {g.policy.weight_path}" for g in fqt})
+    return f"""(a) Final test accuracy with exact gradients (Exact, no quantization), with
+        {qat.forward_bits}-bit forward quantization only (QAT) and with QAT plus unbiased integer gradients
+        (FQT) of {", ".join(map(str, bit_list))} bits on the activation-gradient path (PTQ, PSQ or BHQ;
+        weight-gradient path {", ".join(weight_paths)}, as in the reference code); mean and 95 % CI over
+        seeds, each seed's point coloured by scheme; dashed: Exact, solid: QAT. (b) Each FQT run's accuracy
+        difference from QAT, paired by seed: mean and 95 % CI, each seed's difference as a dot.
+        {training_context(runs)}. Comparisons: QAT against Exact, each FQT run against QAT, and at each bit
+        width PSQ against PTQ and BHQ against PSQ; paired by seed, Holm over them, equivalence by two
+        one-sided tests at the settings' margin."""
+
+
 def accuracy_table(settings: FqtAccuracy, runs: dict[str, RunGroup]) -> Result:
+    """B4: Exact, QAT and FQT accuracies, each FQT run against QAT and the schemes against each other."""
     exact, qat = runs[settings.exact], runs[settings.qat]
-    fqt = [runs[name] for name in settings.runs]
-    by_bits: dict[int, dict[str, RunGroup]] = defaultdict(dict)
+    fqt = settings.present(settings.runs, runs)
+    by_bits: dict[int, dict[str, RunGroup]] = {}
     for group in fqt:
-        by_bits[group.policy.bits][group.policy.scheme] = group
-    pairs = [(qat, exact)] + [(group, qat) for group in fqt]
-    for schemes in by_bits.values():
-        pairs += [
-            (schemes[a], schemes[b])
-            for a, b in (("psq", "ptq"), ("bhq", "psq"))
-            if a in schemes and b in schemes
-        ]
-    comparisons = compare_accuracy(pairs)
-    gaps = {c.a: c for c in comparisons if c.b == qat.label}
+        by_bits.setdefault(group.policy.bits, {})[group.policy.scheme] = group
+    ladder = [
+        (schemes[a], schemes[b])
+        for schemes in by_bits.values()
+        for a, b in (("psq", "ptq"), ("bhq", "psq"))
+        if a in schemes and b in schemes
+    ]
+    pairs = [(qat, exact), *((group, qat) for group in fqt), *ladder]
+    comparisons = compare([accuracy_pair(a, b, settings.margin) for a, b in pairs])
+    gaps = {a.name: c for (a, b), c in zip(pairs, comparisons, strict=True) if b is qat}
+    ordered = sorted(fqt, key=lambda g: (-g.policy.bits, SCHEMES.index(g.policy.scheme)))
     rows = [
         {"setting": "Exact", "bits": 32, "scheme": None, **run_row(exact)},
         {"setting": "QAT", "bits": 32, "scheme": None, **run_row(qat)},
+        *(
+            {"setting": "FQT", "bits": g.policy.bits, "scheme": g.policy.scheme, **run_row(g)}
+            for g in ordered
+        ),
     ]
-    for group in sorted(fqt, key=lambda g: (-g.policy.bits, SCHEMES.index(g.policy.scheme))):
-        gap = gaps[group.label]
-        rows.append(
-            {
-                "setting": "FQT",
-                "bits": group.policy.bits,
-                "scheme": group.policy.scheme,
-                **run_row(group),
-                "gap_to_qat_pt": gap.difference,
-                "gap_verdict": gap.verdict,
-            }
-        )
-    weight_paths = sorted({f"{g.policy.weight_bits}-bit {g.policy.weight_path}" for g in fqt})
-    caption = f"""Final test accuracy with exact gradients (Exact, no quantization), with
-        {qat.forward_bits}-bit forward quantization only (QAT) and with QAT plus unbiased integer gradients
-        (FQT) of {", ".join(map(str, sorted(by_bits, reverse=True)))} bits on the activation-gradient path
-        (PTQ, PSQ or BHQ; weight-gradient path {", ".join(weight_paths)}, as in the reference code); mean and
-        95 % CI over seeds, every seed's point; dashed: Exact, solid: QAT. {training_context(runs)}.
-        Comparisons: QAT against Exact, each FQT run against QAT, and at each bit width PSQ against PTQ and
-        BHQ against PSQ; paired by seed. The paper reports all schemes close to QAT at 8 bits and BHQ >= PSQ
-        >= PTQ as the bits drop."""
+    gap_columns(rows, gaps)
+    findings = [
+        f"QAT: {summarise(comparisons[:1])}.",
+        f"FQT {summarise(comparisons[1 : 1 + len(fqt)])}.",
+    ]
+    if ladder:
+        findings.append(f"Schemes at each bit width: {summarise(comparisons[1 + len(fqt) :])}.")
+    groups = {group.name: group for group in [exact, qat, *fqt]}
     return Result(
-        caption=caption,
+        caption=_b4_caption(qat, fqt, sorted(by_bits, reverse=True), groups),
         tables={
-            "main": Table("Test accuracy of Exact, QAT and FQT runs", rows),
+            "main": Table("Test accuracy of Exact, QAT and FQT runs", rows, note=scale_note(groups)),
             "seeds": per_seed_table([exact, qat, *fqt]),
         },
         comparisons=comparisons,
-        headline=noise_floor(qat),
+        findings=findings,
+        claims=claim_of("S5", settings.claim, gaps),
+        facts={"margin": settings.margin},
     )
 
 
@@ -461,10 +535,24 @@ PREDICTORS = ("sigma_ln_range", "bound_ratio")
 GAINS = ("ptq_over_psq", "psq_over_bhq")
 
 
+def _x2_caption(settings: RangePredictor, group: RunGroup) -> str:
+    return f"""Hypothesis: PSQ and BHQ gain over PTQ because the samples of a neural gradient have very
+        different ranges, so the larger the spread of the per-sample ranges (sigma of their natural log), the
+        larger the gain. For every convolution and linear layer: the measured quantization-variance ratios
+        Var(PTQ)/Var(PSQ) (left) and Var(PSQ)/Var(BHQ) (right) of the layer's output gradient at
+        {settings.bits} bits (mean ||Q(x) - x||^2 over {settings.draws} stochastic draws and
+        {settings.batches} test batch(es)), against sigma of ln(per-sample range) (top) and against the ratio
+        of the PTQ and PSQ variance bounds, N R(X)^2 / sum_i R(X_i)^2 (bottom);
+        {_measured(group, "measured on the gradients")} (points: layers, mean over seeds with 95 % CI).
+        Spearman rank correlations per seed, then mean and 95 % CI over seeds (Fisher z), in the panel
+        titles."""
+
+
 def range_sigma_predictor(settings: RangePredictor, runs: dict[str, RunGroup]) -> Result:
+    """X2: the spread of per-sample ranges against the PSQ and BHQ variance gains, layer by layer."""
     group = runs[settings.run]
-    per_layer: dict[tuple, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
-    correlations: dict[str, list[float]] = defaultdict(list)
+    layers = PerSeed(("layer", "values_per_sample"), dict.fromkeys((*PREDICTORS, *GAINS), POSITIVE))
+    correlations = PerSeed(("predictor", "gain"), {"rho": CORRELATION})
     for seed, run, model in _models(group):
         per_batch = [output_gradients(model, *batch) for batch in _batches(run, settings.batches)]
         mine = []
@@ -483,45 +571,32 @@ def range_sigma_predictor(settings: RangePredictor, runs: dict[str, RunGroup]) -
                 "psq_over_bhq": variance["psq"] / variance["bhq"],
             }
             mine.append(row)
-            for key, number in row.items():
-                per_layer[layer, tensors[0].shape[1]][key].append(number)
+            layers.add(seed, {"layer": layer, "values_per_sample": tensors[0].shape[1]}, **row)
         for predictor in PREDICTORS:
             for gain in GAINS:
-                rho = spearmanr([r[predictor] for r in mine], [r[gain] for r in mine]).statistic
-                correlations[f"spearman_{predictor}_vs_{gain}"].append(float(rho))
-    rows = []
-    for (layer, width), statistics in per_layer.items():
-        row = {"layer": layer, "values_per_sample": width}
-        for name, values in statistics.items():
-            row |= Estimate.of(values).columns(name)
-        rows.append({**row, "seeds": len(group.runs)})
+                rho = spearman([r[predictor] for r in mine], [r[gain] for r in mine])[0]
+                correlations.add(seed, {"predictor": predictor, "gain": gain}, rho=rho)
+    rows = layers.rows()
     sigmas = [row["sigma_ln_range_mean"] for row in rows]
-    headline = {
-        "bits": settings.bits,
-        "layers": len(rows),
-        **{key: Estimate.of(values).columns("rho") for key, values in correlations.items()},
-        "sigma_ln_range_min_max": [min(sigmas), max(sigmas)],
-    }
-    notes = []
+    findings = [
+        f"Spearman rho of {row['predictor']} against {row['gain']}: {Estimate.read(row, 'rho').text()} "
+        "over seeds."
+        for row in correlations.rows()
+    ]
     if max(sigmas) - min(sigmas) < 0.5:
-        notes.append(
+        findings.append(
             f"Across the layers of this trained model sigma of ln(per-sample range) only spans "
             f"{min(sigmas):.2f}-{max(sigmas):.2f}, too narrow to test the sigma hypothesis; the bound ratio "
-            "N R(X)^2 / sum R(X_i)^2 "
-            "is the per-sample-range statistic to read against the gains (see the Spearman correlations)."
+            "N R(X)^2 / sum R(X_i)^2 is the per-sample-range statistic to read against the gains."
         )
-    caption = f"""Hypothesis: PSQ and BHQ gain over PTQ because the samples of a neural gradient have very
-        different ranges, so the larger the spread of the per-sample ranges (sigma of their natural log), the
-        larger the gain. For every convolution and linear layer: the measured quantization-variance ratios
-        Var(PTQ)/Var(PSQ) (left) and Var(PSQ)/Var(BHQ) (right) of the layer's output gradient at
-        {settings.bits} bits (mean ||Q(x) - x||^2 over {settings.draws} stochastic draws and
-        {settings.batches} test batch(es)), against sigma of ln(per-sample range) (top) and against the ratio
-        of the PTQ and PSQ variance bounds, N R(X)^2 / sum_i R(X_i)^2 (bottom);
-        {_measured(group, "measured on the gradients")} (points: layers, mean over seeds). Spearman rank
-        correlations (per seed, then mean and 95 % CI) in the panel titles."""
     return Result(
-        caption=caption,
-        tables={"main": Table(f"Per-sample range spread vs PSQ/BHQ gains ({settings.bits} bits)", rows)},
-        headline=headline,
-        notes=notes,
+        caption=_x2_caption(settings, group),
+        tables={
+            "main": Table(f"Per-sample range spread vs PSQ/BHQ gains ({settings.bits} bits)", rows),
+            "correlations": Table(
+                "Spearman rank correlations, per seed then over seeds", correlations.rows()
+            ),
+        },
+        findings=findings,
+        facts={"bits": settings.bits},
     )

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-from collections import defaultdict
 from collections.abc import Callable
 
 import torch
 from torch import Tensor
 
-from gradcomp.analysis.seeds import Estimate
+from gradcomp.analysis.seeds import FRACTION, PerSeed
 from gradcomp.experiments import SyntheticSparsity
 from gradcomp.ops import (
     gaussian_threshold,
@@ -41,7 +40,7 @@ def signed_lognormal(
 def synthetic_sparsity(settings: SyntheticSparsity) -> list[dict]:
     """Target vs achieved fraction of zeros after stochastic pruning of synthetic lognormal gradients, for
     every threshold estimator, over the settings' seeds (one synthetic draw each)."""
-    achieved = defaultdict(list)
+    achieved = PerSeed(("sigma", "zero_fraction", "estimator", "target"), {"achieved": FRACTION})
     for seed in settings.seeds:
         for sigma in settings.sigmas:
             for zero_fraction in settings.zero_fractions:
@@ -49,17 +48,11 @@ def synthetic_sparsity(settings: SyntheticSparsity) -> list[dict]:
                 for target in settings.targets:
                     for name, estimator in ESTIMATORS.items():
                         pruned = stochastic_prune(g, estimator(g, target), seed=seed + 1)
-                        achieved[sigma, zero_fraction, name, target].append(
-                            float((pruned == 0).double().mean())
-                        )
-    return [
-        {
-            "sigma": sigma,
-            "zero_fraction": zero_fraction,
-            "estimator": name,
-            "target": target,
-            **Estimate.of(values).columns("achieved"),
-            "seeds": len(values),
-        }
-        for (sigma, zero_fraction, name, target), values in achieved.items()
-    ]
+                        key = {
+                            "sigma": sigma,
+                            "zero_fraction": zero_fraction,
+                            "estimator": name,
+                            "target": target,
+                        }
+                        achieved.add(seed, key, achieved=float((pruned == 0).double().mean()))
+    return achieved.rows()

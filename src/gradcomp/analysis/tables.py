@@ -1,6 +1,6 @@
 """An experiment's numbers (`Result`) and how they are written: JSON (everything, what the draw step and
-SUMMARY.md read), CSV (the main table, for machines) and Markdown (every table and comparison, for
-readers)."""
+SUMMARY.md read), CSV (the main table, every column, for machines) and Markdown (for readers: findings,
+decided claims, comparisons and tables, each estimate as one "mean [95 % CI]" cell)."""
 
 from __future__ import annotations
 
@@ -12,27 +12,32 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from gradcomp.analysis.seeds import Comparison
+from gradcomp.analysis.claims import Decision
+from gradcomp.analysis.seeds import Estimate, number
+from gradcomp.analysis.verdicts import INCONCLUSIVE, Comparison
 
 
 @dataclass
 class Table:
     title: str
     rows: list[dict]
-    markdown: bool = True  # False: long per-seed tables, kept in the JSON only
+    markdown: bool = True  # False: long per-seed or per-point tables, kept in the JSON only
+    note: str = ""  # under the title: e.g. the scale and seeds behind the numbers
 
 
 @dataclass
 class Result:
-    """What an experiment's compute step produces: `tables["main"]` and any others (what the figure is
-    drawn from), the paired comparisons it states, headline numbers, a caption generated from its settings
-    and data, and notes on what the data show beyond the headline."""
+    """What an experiment's compute step produces: `tables["main"]` and any others (what the figure is drawn
+    from), the paired comparisons it states, findings (short sentences generated from the numbers), the
+    papers' claims it decides, a caption generated from its settings and data, and `facts`: numbers the
+    figure needs beyond its tables."""
 
     caption: str
     tables: dict[str, Table]
     comparisons: list[Comparison] = field(default_factory=list)
-    headline: dict[str, Any] = field(default_factory=dict)
-    notes: list[str] = field(default_factory=list)
+    findings: list[str] = field(default_factory=list)
+    claims: list[Decision] = field(default_factory=list)
+    facts: dict[str, Any] = field(default_factory=dict)
 
     def rows(self, table: str = "main") -> list[dict]:
         return self.tables[table].rows
@@ -47,8 +52,9 @@ class Record:
     caption: str
     tables: dict[str, Table]
     comparisons: list[dict]
-    headline: dict[str, Any]
-    notes: list[str]
+    findings: list[str]
+    claims: list[dict]
+    facts: dict[str, Any]
 
     def rows(self, table: str = "main") -> list[dict]:
         return self.tables[table].rows
@@ -68,8 +74,9 @@ def write_result(result: Result, experiment_id: str, title: str, prefix: Path) -
         caption=" ".join(result.caption.split()),
         tables=result.tables,
         comparisons=[comparison.row() for comparison in result.comparisons],
-        headline=result.headline,
-        notes=result.notes,
+        findings=result.findings,
+        claims=[decision.row() for decision in result.claims],
+        facts=result.facts,
     )
     prefix.parent.mkdir(parents=True, exist_ok=True)
     plain = _plain(
@@ -77,8 +84,9 @@ def write_result(result: Result, experiment_id: str, title: str, prefix: Path) -
     )
     prefix.with_suffix(".json").write_text(json.dumps(plain, indent=1) + "\n")
     write_csv(result.tables["main"].rows, prefix.with_suffix(".csv"))
-    prefix.with_suffix(".md").write_text(record_markdown(record))
-    return Record.load(prefix.with_suffix(".json"))
+    loaded = Record.load(prefix.with_suffix(".json"))
+    prefix.with_suffix(".md").write_text(record_markdown(loaded))
+    return loaded
 
 
 def _plain(value: Any) -> Any:
@@ -94,31 +102,88 @@ def _plain(value: Any) -> Any:
     return value
 
 
-COMPARISON_COLUMNS = ("a", "b", "seeds", "difference", "ci_low", "ci_high", "p", "p_holm", "verdict")
+def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
+    """The comparisons as a short table: what is compared, the difference with its 95 % interval, sign
+    consistency, the minimum detectable effect, the verdict and what would decide an open one."""
+    rows = []
+    for comparison in map(Comparison.from_row, comparisons):
+        unit = f" {comparison.unit}" if comparison.unit else ""
+        open_ = comparison.verdict == INCONCLUSIVE
+        rows.append(
+            {
+                "comparison": f"{comparison.a} vs {comparison.b}",
+                "difference [95 % CI]": f"{comparison.difference:+.3g}{unit} {comparison.interval}",
+                "seeds agreeing": comparison.sign,
+                "detectable (80 % power)": ""
+                if comparison.mde is None
+                else f"{number(comparison.mde)}{unit}",
+                "verdict": comparison.decision,
+                "to decide": comparison.needed if open_ else "",
+            }
+        )
+    return rows
+
+
+def claim_rows(claims: Sequence[dict]) -> list[dict]:
+    return [
+        {"claim": d["claim"], "this configuration": d["evidence"], "at this scale": d["status"]}
+        for d in claims
+    ]
 
 
 def record_markdown(record: Record) -> str:
+    """The experiment for readers: caption, findings, decided claims, comparisons, then every table."""
     lines = [f"# {record.id}: {record.title}", "", record.caption, ""]
+    if record.findings:
+        lines += ["## Findings", "", *(f"- {finding}" for finding in record.findings), ""]
+    if record.claims:
+        lines += ["## The papers' claims, at this scale", "", to_markdown(claim_rows(record.claims))]
+    if record.comparisons:
+        tests = record.comparisons[0]["tests"]
+        lines += [
+            f"## Paired comparisons across seeds (a - b; verdicts after Holm over {tests})",
+            "",
+            to_markdown(comparison_rows(record.comparisons)),
+        ]
     for table in record.tables.values():
         if table.markdown:
-            lines += [f"## {table.title}", "", to_markdown(table.rows)]
-    if record.comparisons:
-        unit = record.comparisons[0]["unit"]
-        lines += [
-            f"## Paired comparisons across seeds (a - b in {unit}: paired t-test; p_holm: Holm-adjusted over "
-            "the experiment's comparisons)",
-            "",
-            to_markdown([{key: row[key] for key in COMPARISON_COLUMNS} for row in record.comparisons]),
-        ]
-    lines += [f"Note: {note}\n" for note in record.notes]
+            lines += [f"## {table.title}", ""]
+            lines += [table.note, ""] if table.note else []
+            lines += [to_markdown(readable(table.rows))]
     return "\n".join(lines)
+
+
+def readable(rows: Sequence[dict]) -> list[dict]:
+    """Rows with each estimate as one "mean [95 % CI]" cell under its name (the seed count where it differs
+    from the row's `seeds`)."""
+    out = []
+    for row in rows:
+        names = Estimate.names(row)
+        hidden = {f"{name}_{key}" for name in names for key in ("sd", "ci_low", "ci_high", "n")}
+        cells = {}
+        for key, value in row.items():
+            if key in hidden:
+                continue
+            name = key[: -len("_mean")] if key.endswith("_mean") and key[: -len("_mean")] in names else None
+            if name is None:
+                cells[key] = value
+                continue
+            estimate = Estimate.read(row, name)
+            text = estimate.text() if estimate.n else ""
+            if estimate.n != row.get("seeds", estimate.n) and estimate.n > 1:
+                text += f" ({estimate.n} seeds)"
+            cells[name] = text
+        out.append(cells)
+    return out
 
 
 def _cell(value: object) -> str:
     if value is None:
         return ""
+    if isinstance(value, bool):
+        return "yes" if value else "no"
     if isinstance(value, float):
-        return f"{value:.4g}"
+        return number(value, 4)
     if isinstance(value, list):
         return " ".join(_cell(item) for item in value)
     return str(value).replace("|", "\\|")

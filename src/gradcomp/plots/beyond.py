@@ -8,14 +8,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gradcomp.analysis.tables import Record
-from gradcomp.plots.style import (
-    accuracy_bars,
-    baseline_band,
-    errorbars,
-    lowest_seed,
-    subplots,
-    value,
-)
+from gradcomp.plots.style import accuracy_points, baseline_band, errorbars, subplots, value
 
 
 def accuracy_vs_bits(record: Record) -> Figure:
@@ -53,12 +46,12 @@ def prune_plus_fp(record: Record) -> Figure:
     ncols = 2 if mechanism else 1
     figure, axes = subplots(ncols=ncols, width=7.0 if mechanism else 7.5, height=5.0)
     ax = axes[0][0]
-    positions = accuracy_bars(ax, record, rows, "C0")
+    positions = accuracy_points(ax, record, rows, "C0")
     width = 12 if len(rows) > 4 else 16
     labels = [f"{_wrapped(row['label'], width)}\n{value(row, 'bits'):.2f} bits" for row in rows]
     ax.set_xticks(positions, labels, fontsize=7)
     baseline_band(ax, baseline, "accuracy", baseline["label"])
-    ax.set(ylabel="test accuracy", ylim=(lowest_seed(record, [baseline, *rows]), None))
+    ax.set(ylabel="test accuracy")
     ax.set_title("(a) accuracy; bits per gradient element under each label", fontsize=9)
     ax.legend(fontsize=8, loc="lower left")
     if mechanism:

@@ -9,6 +9,8 @@ import matplotlib.pyplot as plt
 import numpy as np
 import seaborn as sns
 from matplotlib.axes import Axes
+from matplotlib.cm import ScalarMappable
+from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
@@ -184,12 +186,10 @@ def goodness_of_fit(record: Record) -> Figure:
             rows = {
                 row["family"]: row
                 for row in record.rows()
-                if row["model"] == model and row["kind"] == kind and row["layers"]
+                if row["model"] == model and row["kind"] == kind and row.get("best_share_mean") is not None
             }
             if rows:
-                shares.append(
-                    [rows[f]["best_in_layers_mean"] / rows[f]["layers"] if f in rows else 0 for f in order]
-                )
+                shares.append([value(rows[f], "best_share") if f in rows else 0 for f in order])
                 names.append(f"{short[model]}: {POPULATIONS[kind]}")
     sns.heatmap(
         np.array(shares),
@@ -228,7 +228,8 @@ def statistics_over_training(record: Record) -> Figure:
         if row["model"] == models[0]:
             curves[row["population"]][row["layer"]].append(row)
     layers = list(dict.fromkeys(layer for population in curves.values() for layer in population))
-    palette = dict(zip(layers, sns.color_palette("viridis", len(layers)), strict=True))
+    depth_map = plt.get_cmap("viridis")
+    palette = {layer: depth_map(i / max(len(layers) - 1, 1)) for i, layer in enumerate(layers)}
     figure, axes = subplots(ncols=2, nrows=len(curves) + 2, width=5.6, height=3.6)
     for panels, (population, by_layer) in zip(axes, curves.items(), strict=False):
         for layer, rows in by_layer.items():
@@ -239,14 +240,14 @@ def statistics_over_training(record: Record) -> Figure:
         title = f"{short[models[0]]}: {population}"
         panels[0].set(xlabel="training step", ylabel="mu2 = mean log2 |g|  (binades)", title=title)
         panels[1].set(xlabel="training step", ylabel="sigma2 = std log2 |g|  (binades)", title=title)
-    shown = layers[:: max(1, len(layers) // 24)]  # at most about 24 entries: every k-th layer
-    axes[0][1].legend(
-        handles=[Line2D([], [], color=palette[layer], label=layer) for layer in shown],
-        loc="upper left",
-        bbox_to_anchor=(1.02, 1),
-        fontsize=6,
-        title="layer",
+    # one colour per layer along a sequential map, read off a colour bar of the layers' order (a legend of
+    # twenty near-identical colours could not be told apart)
+    bar = figure.colorbar(
+        ScalarMappable(Normalize(0, max(len(layers) - 1, 1)), depth_map), ax=axes[: len(curves)], shrink=0.9
     )
+    ticks = sorted({0, len(layers) // 2, len(layers) - 1})
+    bar.set_ticks(ticks, labels=[layers[i] for i in ticks], fontsize=7)
+    bar.set_label("layer, input to output", fontsize=8)
     colours = dict(zip(models, sns.color_palette("tab10", len(models)), strict=True))
     depth, training = axes[len(curves)], axes[len(curves) + 1]
     profiles = defaultdict(list)

@@ -7,13 +7,14 @@ from collections import defaultdict
 import numpy as np
 from matplotlib.figure import Figure
 
+from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.tables import Record
 from gradcomp.plots.style import (
-    accuracy_bars,
+    accuracy_points,
     baseline_band,
     errorbars,
-    lowest_seed,
-    per_seed,
+    gap_points,
+    interval,
     seed_points,
     subplots,
     value,
@@ -35,10 +36,10 @@ def fp_mse_theory(record: Record) -> Figure:
     figure, axes = subplots(ncols=2, nrows=2, width=5.0, height=3.8)
     ax = axes[0][0]
     for sigma2, (xs, ys) in _series(
-        record.rows("by_scale"), "sigma_log2", "log2_scale_minus_mu2", "relative_mse"
+        record.rows("by_scale"), "sigma_log2", "log2_scale_plus_mu2", "relative_mse"
     ).items():
         ax.plot(xs, ys, label=f"sigma2 = {sigma2:g}")
-    ax.set(yscale="log", xlabel="log2 scale - mu2  (binades)", ylabel="relative MSE", title="(a) FP6 [1,4,1]")
+    ax.set(yscale="log", xlabel="log2 scale + mu2  (binades)", ylabel="relative MSE", title="(a) FP6 [1,4,1]")
     ax.legend(fontsize=8)
     ax = axes[0][1]
     for exp_bits, (xs, ys) in _series(
@@ -82,9 +83,9 @@ def fp_mse_theory(record: Record) -> Figure:
     return figure
 
 
-def _format_bars(ax, record: Record, rows: list[dict], colour: str) -> None:
-    positions = accuracy_bars(ax, record, rows, colour)
-    ax.set_xticks(positions, [row["format"] for row in rows], rotation=35, ha="right")
+def _format_points(ax, record: Record, rows: list[dict], colour: str) -> None:
+    positions = accuracy_points(ax, record, rows, colour)
+    ax.set_xticks(positions, [row["label"] for row in rows], rotation=35, ha="right")
 
 
 def _by_model(record: Record) -> list[tuple[dict, list[dict]]]:
@@ -100,15 +101,11 @@ def _by_model(record: Record) -> list[tuple[dict, list[dict]]]:
 def fp_formats(record: Record) -> Figure:
     models = _by_model(record)
     widths = [max(3.0, 0.55 * len(arms) + 1.5) for _, arms in models]
-    figure, axes = subplots(ncols=len(models), width=max(widths), height=4.4)
+    figure, axes = subplots(ncols=len(models), width=max(widths), height=4.6)
     for ax, (baseline, arms) in zip(axes[0], models, strict=True):
-        _format_bars(ax, record, arms, "C0")
+        _format_points(ax, record, arms, "C0")
         baseline_band(ax, baseline, "accuracy", baseline["label"])
-        ax.set(
-            ylim=(lowest_seed(record, [baseline, *arms]), None),
-            ylabel="test accuracy",
-            xlabel="gradient format",
-        )
+        ax.set(ylabel="test accuracy", xlabel="gradient format")
         if len(models) > 1:
             ax.set_title(baseline["model"], fontsize=10)
         ax.legend(fontsize=8, loc="lower left")
@@ -117,37 +114,57 @@ def fp_formats(record: Record) -> Figure:
 
 def scaling_and_split(record: Record) -> Figure:
     rows = record.rows()
-    parts = defaultdict(list)
-    for row in rows:
-        parts[row["part"]].append(row)
-    figure, axes = subplots(ncols=2, width=5.2, height=4.2)
+    figure, axes = subplots(ncols=2, width=5.4, height=4.4)
     ax = axes[0][0]
-    sweep = parts["global sweep"]
-    if sweep:
-        errorbars(
-            ax, sweep, "accuracy", [row["log2_global_scale"] for row in sweep], fmt="o-", label="global scale"
+    compared = [row for row in rows if row.get("versus")]
+    series = defaultdict(list)
+    for row in compared:
+        series[row["model"], row["format"]].append(row)
+    sweep = sorted({row["log2_global_scale"] for row in compared if row["log2_global_scale"] is not None})
+    right = (max(sweep) if sweep else 0) + 4
+    for index, ((model, fmt), mine) in enumerate(series.items()):
+        colour = f"C{index}"
+        fixed = sorted(
+            (r for r in mine if r["log2_global_scale"] is not None), key=lambda r: r["log2_global_scale"]
         )
-        seed_points(ax, [row["log2_global_scale"] for row in sweep], per_seed(record, sweep))
-    for row, style in zip(parts["rule"], ("-", ":", "-."), strict=False):
-        mean = value(row, "accuracy")
-        ax.axhline(mean, color="C2", linestyle=style, label=f"{row['scaling']} ({mean:.3f})")
-    for row in parts["fp32"]:
-        baseline_band(ax, row, "accuracy", row["label"])
-    reference = parts["rule"][0]["format"] if parts["rule"] else ""
-    ax.set(xlabel="log2 global loss scale", ylabel="test accuracy", title=f"(a) {reference}")
-    ax.legend(fontsize=7)
-    ax = axes[0][1]
-    splits = sorted(parts["split"], key=lambda row: row["format"])
-    if splits:
-        _format_bars(ax, record, splits, "C1")
-    for row in parts["fp32"]:
-        baseline_band(ax, row, "accuracy", row["label"])
+        others = [r for r in mine if r["log2_global_scale"] is None]
+        gap_points(ax, fixed, [r["log2_global_scale"] for r in fixed], color=colour)
+        ax.plot(
+            [r["log2_global_scale"] for r in fixed],
+            [value(r, "gap_pt") for r in fixed],
+            color=colour,
+            label=f"{model} {fmt}",
+        )
+        positions = [right + 2 * i + 0.3 * index for i in range(len(others))]
+        gap_points(ax, others, positions, color=colour, marker="s")
+        for row, position in zip(others, positions, strict=True):
+            ax.annotate(
+                row["scaling"],
+                (position, value(row, "gap_pt")),
+                fontsize=6,
+                rotation=60,
+                xytext=(3, 3),
+                textcoords="offset points",
+            )
+    ax.axhline(0, color="k", linewidth=0.8)
+    margin = record.facts.get("margin")
+    if margin:
+        ax.axhspan(-margin, margin, color="C2", alpha=0.12, linewidth=0, label=f"±{margin:g} pt (margin)")
     ax.set(
-        ylim=(lowest_seed(record, splits + parts["fp32"]), None),
-        ylabel="test accuracy",
-        xlabel="split, per-layer scale",
+        xlabel="log2 global loss scale (squares: other rules)",
+        ylabel="accuracy - per-layer mean rule (pt)",
+        title="(a) scaling rules",
     )
-    predicted, sigma2 = record.headline["predicted_exp_bits"], record.headline["mean_sigma2"]
+    ax.legend(fontsize=7, loc="lower center")
+    ax = axes[0][1]
+    splits = sorted((row for row in rows if row.get("split")), key=lambda row: row["format"])
+    if splits:
+        _format_points(ax, record, splits, "C1")
+    for row in rows:
+        if row["part"] == "fp32" and row["model"] == (splits[0]["model"] if splits else row["model"]):
+            baseline_band(ax, row, "accuracy", row["label"])
+    ax.set(ylabel="test accuracy", xlabel="split, per-layer scale")
+    predicted, sigma2 = record.facts["predicted_exp_bits"], record.facts["mean_sigma2"]
     ax.set_title(f"(b) theory: E = {predicted} at sigma2 = {sigma2:.2f}" if sigma2 is not None else "(b)")
     ax.legend(fontsize=7)
     return figure
@@ -159,27 +176,28 @@ def failure_cases(record: Record) -> Figure:
     seeds = defaultdict(list)
     for row in record.rows("seeds"):
         seeds[row["run"]].append(row["accuracy"])
-    figure, axes = subplots(ncols=3, width=5.4, height=4.6)
+    figure, axes = subplots(ncols=3, width=5.2, height=4.8)
     ax = axes[0][0]
-    labels, means, errors, colours, points = [], [], [], [], []
     several = len({row["model"] for row in rows}) > 1
+    position = 0
+    ticks, labels = [], []
     for row in rows:
         for side, colour in (("failing", "C3"), ("fixing", "C2")):
+            estimate = Estimate.read(row, f"{side}_accuracy")
+            bounds = estimate.interval
+            error = None if bounds is None else [[estimate.mean - bounds[0]], [bounds[1] - estimate.mean]]
+            ax.errorbar(
+                [position], [estimate.mean], yerr=error, fmt="o", color=colour, capsize=3, markersize=7
+            )
+            seed_points(ax, [position + 0.2], [seeds[row[f"{side}_run"]]], s=8)
+            ticks.append(position)
             labels.append(f"{row['model'].split(' ')[0]}: {row[side]}" if several else row[side])
-            means.append(row[f"{side}_accuracy_mean"])
-            low, high = row[f"{side}_accuracy_ci_low"], row[f"{side}_accuracy_ci_high"]
-            errors.append((0.0, 0.0) if low is None else (means[-1] - low, high - means[-1]))
-            colours.append(colour)
-            points.append(seeds[row[f"{side}_run"]])
-    positions = np.arange(len(labels))
-    ax.bar(positions, means, color=colours, alpha=0.85)
-    ax.errorbar(positions, means, yerr=np.array(errors).T, fmt="none", ecolor="k", capsize=3)
-    seed_points(ax, positions, points)
-    ax.set_xticks(positions, labels=labels, rotation=30, ha="right", fontsize=8)
+            position += 1
+    ax.set_xticks(ticks, labels=labels, rotation=35, ha="right", fontsize=7)
     for model in dict.fromkeys(row["model"] for row in rows):
         baseline_band(ax, baselines[model], "accuracy", f"{model.split(' ')[0]} fp32")
-    ax.set(ylabel="test accuracy", ylim=(0, 1), title="(a) failures and fixes")
-    ax.legend(fontsize=8)
+    ax.set(ylabel="test accuracy", title="(a) failures (red) and fixes (green)")
+    ax.legend(fontsize=7, loc="lower left")
 
     ax = axes[0][1]
     window = defaultdict(list)
@@ -192,7 +210,7 @@ def failure_cases(record: Record) -> Figure:
             [r["log2_scale"] for r in mine],
             [r["predicted_relative_mse"] for r in mine],
             color=colour,
-            label=model,
+            label=model.split(" ")[0],
         )
         ax.axhline(rules[model]["per_layer_rule_relative_mse"], color=colour, linestyle=":", linewidth=1)
         for scope, alpha in (("element", 0.06), ("every_layer", 0.18)):
@@ -202,48 +220,34 @@ def failure_cases(record: Record) -> Figure:
     ax.set(
         yscale="log",
         xlabel="log2 global loss scale",
-        ylabel="predicted relative MSE (dotted: per-layer)",
+        ylabel="predicted relative MSE (dotted: per-layer rule)",
         title="(b) predicted window of one global scale",
     )
-    ax.legend(fontsize=6, loc="upper center")
-    trained = [r for r in record.rows("arms") if r["log2_global_scale"] is not None]
-    if trained:
-        twin = ax.twinx()
-        for index, model in enumerate(window):
-            mine = [r for r in trained if r["model"] == model]
-            twin.errorbar(
-                [r["log2_global_scale"] for r in mine],
-                [-r["gap_pt"] for r in mine],
-                yerr=[
-                    [r["gap_ci_high"] - r["gap_pt"] for r in mine],
-                    [r["gap_pt"] - r["gap_ci_low"] for r in mine],
-                ],
-                fmt="o",
-                color=f"C{index}",
-                mfc="none",
-                capsize=2,
-            )
-        twin.set_ylabel("measured accuracy loss vs fp32 (pt)")
+    figure.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=7)
 
     ax = axes[0][2]
+    arms = record.rows("arms")
     for index, model in enumerate(window):
-        mine = [r for r in record.rows("arms") if r["model"] == model]
-        for significant in (True, False):
-            chosen = [r for r in mine if (r["verdict"] == "significant") == significant]
-            ax.scatter(
+        mine = [r for r in arms if r["model"] == model and np.isfinite(value(r, "gap_pt"))]
+        for fails in (True, False):
+            chosen = [r for r in mine if (r["measured"] == "fails") == fails]
+            if not chosen:
+                continue
+            ax.errorbar(
                 [r["predicted_relative_mse"] for r in chosen],
-                [-r["gap_pt"] for r in chosen],
-                edgecolors=f"C{index}",
-                facecolors=f"C{index}" if significant else "none",
-                s=30,
-                label=model if significant else None,
+                [-value(r, "gap_pt") for r in chosen],
+                yerr=interval(chosen, "gap_pt")[::-1],
+                fmt="o",
+                color=f"C{index}",
+                markerfacecolor=f"C{index}" if fails else "white",
+                capsize=2,
+                markersize=5,
             )
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set(
         xscale="log",
         xlabel="predicted relative MSE (mean over layers)",
-        ylabel="measured accuracy loss vs fp32 of its model (pt)",
-        title="(c) prediction vs outcome",
+        ylabel="accuracy loss vs fp32 of its model (pt)",
+        title="(c) prediction vs outcome (filled: fails)",
     )
-    ax.legend(fontsize=6)
     return figure

@@ -8,7 +8,7 @@ from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
 from gradcomp.analysis.tables import Record
-from gradcomp.plots.style import baseline_band, errorbars, interval, subplots, value
+from gradcomp.plots.style import baseline_band, errorbars, gap_points, interval, subplots, value
 
 MARKERS = {"lognormal": "o", "gaussian": "s", "laplace": "^", "topk": "D"}
 COLOURS = {estimator: f"C{index}" for index, estimator in enumerate(MARKERS)}
@@ -20,7 +20,7 @@ def _calibration_panel(ax, title: str, rows: list[dict], points: list[dict], mar
     """Achieved against target sparsity: `rows` (large, 95 % CI) and `points` (small), coloured by
     estimator, marked by `marker(row)`, nudged apart by estimator and model."""
     spread = [0.004 * (index - (len(models) - 1) / 2) for index in range(len(models))]
-    for (estimator, model), mine in _grouped(rows, models).items():
+    for (estimator, model), mine in _grouped(rows).items():
         nudge = JITTER[estimator] + spread[models.index(model)]
         errorbars(
             ax,
@@ -33,7 +33,7 @@ def _calibration_panel(ax, title: str, rows: list[dict], points: list[dict], mar
             alpha=0.8,
             capsize=2,
         )
-    for (estimator, model), small in _grouped(points, models).items():
+    for (estimator, model), small in _grouped(points).items():
         nudge = 2 * JITTER[estimator] + spread[models.index(model)]
         ax.scatter(
             [row["target"] + nudge for row in small],
@@ -49,7 +49,7 @@ def _calibration_panel(ax, title: str, rows: list[dict], points: list[dict], mar
     )
 
 
-def _grouped(rows: list[dict], models: list) -> dict[tuple[str, str | None], list[dict]]:
+def _grouped(rows: list[dict]) -> dict[tuple[str, str | None], list[dict]]:
     """Rows by (estimator, model), estimators in the order of MARKERS."""
     groups = defaultdict(list)
     for row in sorted(rows, key=lambda row: list(MARKERS).index(row["estimator"])):
@@ -132,37 +132,46 @@ def target_vs_achieved_sparsity(record: Record) -> Figure:
 def accuracy_vs_sparsity(record: Record) -> Figure:
     rows = record.rows()
     baselines = record.rows("baseline")
+    first = baselines[0]
+    figure, axes = subplots(ncols=2, width=5.8, height=4.8)
+    ax = axes[0][0]
+    mine = [row for row in rows if row["model"] == first["model"]]
     seeds = defaultdict(list)
     for row in record.rows("seeds"):
         seeds[row["run"]].append((row["sparsity"], row["accuracy"]))
-    figure, axes = subplots(ncols=len(baselines), width=5.6 if len(baselines) > 1 else 6.2, height=4.6)
-    for ax, baseline in zip(axes[0], baselines, strict=True):
-        mine = [row for row in rows if row["model"] == baseline["model"]]
-        for estimator, marker in MARKERS.items():
-            arms = sorted(
-                (row for row in mine if row["estimator"] == estimator), key=lambda row: row["target"]
+    for estimator, marker in MARKERS.items():
+        arms = sorted((row for row in mine if row["estimator"] == estimator), key=lambda row: row["target"])
+        if arms:
+            errorbars(
+                ax,
+                arms,
+                "accuracy",
+                "sparsity",
+                marker=marker,
+                linestyle="-" if estimator == "lognormal" else "none",
+                capsize=2,
+                label=estimator,
             )
-            if arms:
-                errorbars(
-                    ax,
-                    arms,
-                    "accuracy",
-                    "sparsity",
-                    marker=marker,
-                    linestyle="-" if estimator == "lognormal" else "none",
-                    capsize=2,
-                    label=estimator,
-                )
-        for row in mine:
-            points = [p for p in seeds[row["run"]] if p[0] is not None]
-            ax.scatter(
-                [p[0] for p in points], [p[1] for p in points], s=8, color="k", alpha=0.4, linewidths=0
-            )
-        baseline_band(ax, baseline, "accuracy", f"no pruning: {baseline['label']}")
-        ax.set(xlabel="achieved gradient sparsity", ylabel="test accuracy")
-        if len(baselines) > 1:
-            ax.set_title(baseline["model"], fontsize=10)
-        ax.legend(fontsize=8)
+    for row in mine:
+        points = [p for p in seeds[row["run"]] if p[0] is not None]
+        ax.scatter([p[0] for p in points], [p[1] for p in points], s=8, color="k", alpha=0.4, linewidths=0)
+    baseline_band(ax, first, "accuracy", f"no pruning: {first['label']}")
+    ax.set(xlabel="achieved gradient sparsity", ylabel="test accuracy", title=f"(a) {first['model']}")
+    ax.legend(fontsize=8, loc="lower left")
+    ax = axes[0][1]
+    for index, baseline in enumerate(baselines):
+        arms = sorted(
+            (r for r in rows if r["model"] == baseline["model"]), key=lambda r: value(r, "sparsity")
+        )
+        gap_points(ax, arms, [value(r, "sparsity") for r in arms], color=f"C{index}")
+        ax.plot([], [], "o", color=f"C{index}", label=baseline["model"])
+    ax.axhline(0, color="k", linewidth=0.8)
+    ax.set(
+        xlabel="achieved gradient sparsity",
+        ylabel="accuracy - fp32 of its model (pt)",
+        title="(b) every arm against fp32 (filled: better or worse)",
+    )
+    ax.legend(fontsize=8, loc="lower left")
     return figure
 
 
@@ -193,7 +202,8 @@ def heterogeneous_sparsity(record: Record) -> Figure:
         title="(a)",
         ylim=(max(0.0, low - 0.05), 1),
     )
-    axes[0][1].axhline(constrained["min_cosine"], color="grey", linestyle="--", label="minimum cosine")
+    limits = [value(row, "limit") for row in layers]
+    axes[0][1].step(index, limits, where="mid", color="grey", linestyle="--", label="cosine limit")
     axes[0][1].set(xlabel="layer index (input to output)", ylabel="cosine similarity", title="(b)")
     for ax in axes[0][:2]:
         ax.legend(fontsize=8)

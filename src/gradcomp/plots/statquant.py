@@ -8,8 +8,17 @@ import numpy as np
 from matplotlib.figure import Figure
 from matplotlib.ticker import LogFormatter
 
+from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.tables import Record
-from gradcomp.plots.style import errorbars, seed_points, subplots, value
+from gradcomp.plots.style import (
+    errorbars,
+    gap_points,
+    paired_differences,
+    per_seed,
+    seed_points,
+    subplots,
+    value,
+)
 
 SCHEMES = ("ptq", "psq", "bhq")
 COLOURS = {"ptq": "C3", "psq": "C0", "bhq": "C2"}
@@ -19,7 +28,7 @@ NAMES = {"ptq": "PTQ (per tensor)", "psq": "PSQ (per sample)", "bhq": "BHQ (bloc
 def bin_usage(record: Record) -> Figure:
     ranges, codes = record.rows("ranges"), record.rows("codes")
     usage = {row["scheme"]: row for row in record.rows()}
-    bits = record.headline["bits"]
+    bits = record.facts["bits"]
     levels = 2**bits
     figure, axes = subplots(ncols=2, nrows=2, width=5.0, height=3.6)
     ax = axes[0][0]
@@ -28,7 +37,7 @@ def bin_usage(record: Record) -> Figure:
     ax.axvline(ranges[0]["whole_tensor_range"], color="k", ls="--", label="whole-tensor range (PTQ)")
     samples, width = ranges[0]["shape"]
     ax.set(xscale="log", xlabel="per-sample range max - min of dL/dH", ylabel="samples")
-    ax.set_title(f"(a) {record.headline['layer']}: {samples} samples x {width} values", fontsize=10)
+    ax.set_title(f"(a) {record.facts['layer']}: {samples} samples x {width} values", fontsize=10)
     ax.legend(fontsize=8)
     code_axes = (axes[0][1], axes[1][0], axes[1][1])
     for ax, scheme, letter in zip(code_axes, SCHEMES, "bcd", strict=True):
@@ -66,9 +75,9 @@ def variance_vs_bits(record: Record) -> Figure:
             color=COLOURS[scheme],
             label=NAMES[scheme],
         )
-        # filled: significantly above or below the sampling variance; hollow: within noise of it
+        # filled: significantly below (better) or above (worse) the sampling variance; hollow: inconclusive
         for resolved in (True, False):
-            points = [row for row in mine if (row.get("vs_sampling") in ("above", "below")) == resolved]
+            points = [row for row in mine if (row.get("vs_sampling") in ("better", "worse")) == resolved]
             ax.plot(
                 [row["bits"] for row in points],
                 [value(row, "quantization_variance") for row in points],
@@ -78,21 +87,16 @@ def variance_vs_bits(record: Record) -> Figure:
                 zorder=3,
             )
     sampling = next(row for row in rows if row["bits"] is None)
-    batches = record.headline.get("sampling_batches")
+    batches = record.facts.get("sampling_batches")
     ax.axhline(
         value(sampling, "quantization_variance"),
         color="k",
         ls="--",
         label=f"QAT sampling variance ({batches} batches)" if batches else "QAT sampling variance",
     )
-    if sampling["quantization_variance_ci_low"] is not None:
-        ax.axhspan(
-            max(sampling["quantization_variance_ci_low"], 1e-300),
-            sampling["quantization_variance_ci_high"],
-            color="k",
-            alpha=0.08,
-            linewidth=0,
-        )
+    band = Estimate.read(sampling, "quantization_variance").interval
+    if band is not None:
+        ax.axhspan(*band, color="k", alpha=0.08, linewidth=0)
     anchor = next(
         value(row, "quantization_variance")
         for row in rows
@@ -101,7 +105,7 @@ def variance_vs_bits(record: Record) -> Figure:
     ax.plot(
         bit_list, [anchor / 4 ** (b - bit_list[0]) for b in bit_list], ":", color="C7", label="1/4 per bit"
     )
-    ax.plot([], [], "o", color="C7", markerfacecolor="w", label="within noise of sampling")
+    ax.plot([], [], "o", color="C7", markerfacecolor="w", label="inconclusive against sampling")
     ax.set(yscale="log", xlabel="gradient bits", ylabel="weight-gradient variance")
     ax.set_xticks(bit_list)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
@@ -145,44 +149,44 @@ def unbiasedness(record: Record) -> Figure:
 
 def accuracy_table(record: Record) -> Figure:
     rows = record.rows()
-    seeds = defaultdict(list)
-    for row in record.rows("seeds"):
-        seeds[row["run"]].append(100 * row["accuracy"])
-    figure, axes = subplots(width=5.8, height=4.4)
+    figure, axes = subplots(ncols=2, width=5.4, height=4.6)
     ax = axes[0][0]
     for setting, style in (("Exact", "--"), ("QAT", "-")):
         for row in (r for r in rows if r["setting"] == setting):
-            ax.axhline(100 * value(row, "accuracy"), color="k", ls=style, lw=1, label=setting)
-            if row["accuracy_ci_low"] is not None:
-                ax.axhspan(
-                    100 * row["accuracy_ci_low"],
-                    100 * row["accuracy_ci_high"],
-                    color="k",
-                    alpha=0.06,
-                    linewidth=0,
-                )
+            estimate = Estimate.read(row, "accuracy")
+            ax.axhline(100 * estimate.mean, color="k", ls=style, lw=1, label=setting)
+            if estimate.interval is not None:
+                ax.axhspan(*(100 * v for v in estimate.interval), color="k", alpha=0.06, linewidth=0)
     fqt = [row for row in rows if row["setting"] == "FQT"]
+    qat = next(row for row in rows if row["setting"] == "QAT")
     bit_list = sorted({row["bits"] for row in fqt}, reverse=True)
-    for offset, scheme in zip((-0.15, 0.0, 0.15), SCHEMES, strict=True):
+    offsets = dict(zip(SCHEMES, (-0.2, 0.0, 0.2), strict=True))
+    for scheme in SCHEMES:
         mine = sorted((row for row in fqt if row["scheme"] == scheme), key=lambda row: -row["bits"])
         if not mine:
             continue
-        positions = [row["bits"] + offset for row in mine]
+        positions = [row["bits"] + offsets[scheme] for row in mine]
         errorbars(
-            ax,
-            mine,
-            "accuracy",
-            positions,
-            scale=100,
-            fmt="o-",
-            color=COLOURS[scheme],
-            label=NAMES[scheme],
+            ax, mine, "accuracy", positions, scale=100, fmt="o-", color=COLOURS[scheme], label=NAMES[scheme]
         )
-        seed_points(ax, positions, [seeds[row["run"]] for row in mine])
-    ax.set(xlabel="gradient bits", ylabel="test accuracy (%)")
+        dots = [[100 * v for v in seeds] for seeds in per_seed(record, mine)]
+        seed_points(ax, [p + 0.06 for p in positions], dots, color=COLOURS[scheme], alpha=0.5)
+        differences = paired_differences(record, [(row["run"], qat["run"]) for row in mine])
+        gap_points(axes[0][1], mine, positions, color=COLOURS[scheme])
+        seed_points(axes[0][1], [p + 0.06 for p in positions], differences, color=COLOURS[scheme], alpha=0.5)
+    ax.set(xlabel="gradient bits", ylabel="test accuracy (%)", title="(a) accuracy, every seed")
     ax.set_xticks(bit_list)
     ax.invert_xaxis()
     ax.legend(fontsize=8)
+    ax = axes[0][1]
+    ax.axhline(0, color="k", lw=1)
+    margin = record.facts.get("margin")
+    if margin:
+        ax.axhspan(-margin, margin, color="C2", alpha=0.12, linewidth=0, label=f"±{margin:g} pt (margin)")
+        ax.legend(fontsize=8)
+    ax.set(xlabel="gradient bits", ylabel="FQT - QAT (pt), paired by seed", title="(b) difference from QAT")
+    ax.set_xticks(bit_list)
+    ax.invert_xaxis()
     return figure
 
 
@@ -192,7 +196,7 @@ GAINS = {"ptq_over_psq": "Var(PTQ) / Var(PSQ)", "psq_over_bhq": "Var(PSQ) / Var(
 
 def range_sigma_predictor(record: Record) -> Figure:
     rows = record.rows()
-    bits = record.headline["bits"]
+    bits = record.facts["bits"]
     figure, axes = subplots(ncols=2, nrows=2, width=5.0, height=3.8)
     for (predictor, xlabel), ax_row in zip(PREDICTORS.items(), axes, strict=True):
         for (gain, ylabel), ax, scheme in zip(GAINS.items(), ax_row, ("psq", "bhq"), strict=True):
@@ -212,7 +216,8 @@ def range_sigma_predictor(record: Record) -> Figure:
                 axis.set_major_formatter(LogFormatter())
                 axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
             ax.set(xlabel=xlabel, ylabel=f"{ylabel}, {bits} bits")
-            rho = record.headline[f"spearman_{predictor}_vs_{gain}"]
-            spread = "" if rho["rho_sd"] is None else f" ± {rho['rho_sd']:.2f}"
-            ax.set_title(f"Spearman rho = {rho['rho_mean']:.2f}{spread}", fontsize=10)
+            row = next(
+                r for r in record.rows("correlations") if r["predictor"] == predictor and r["gain"] == gain
+            )
+            ax.set_title(f"Spearman rho {Estimate.read(row, 'rho').text()}", fontsize=10)
     return figure

@@ -1,4 +1,8 @@
-"""Shared figure style and helpers: seaborn, readable fonts, numbers over seeds drawn with their spread."""
+"""Shared figure style and helpers: seaborn, readable fonts, numbers over seeds drawn with their spread.
+
+Estimates are read through `Estimate.read` (the columns protocol of `gradcomp.analysis.seeds`). Numbers from
+training are drawn as points with their 95 % intervals and every seed's value, never as bars on a truncated
+axis; paired differences as points with their intervals around 0."""
 
 from __future__ import annotations
 
@@ -14,6 +18,7 @@ import seaborn as sns
 from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 
+from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.tables import Record
 
 sns.set_theme(context="paper", style="whitegrid", font_scale=1.25)
@@ -22,14 +27,16 @@ sns.set_theme(context="paper", style="whitegrid", font_scale=1.25)
 def subplots(
     ncols: int = 1, nrows: int = 1, width: float = 4.8, height: float = 3.6
 ) -> tuple[Figure, np.ndarray]:
-    figure, axes = plt.subplots(nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False)
+    """A grid of axes in a constrained layout (which keeps room for the title, labels and outer legends)."""
+    figure, axes = plt.subplots(
+        nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, layout="constrained"
+    )
     return figure, axes
 
 
 def save_figure(figure: Figure, title: str, prefix: Path) -> list[Path]:
     """Write the figure as <prefix>.png and .pdf (no creation date in the PDF: reruns are byte-equal)."""
     figure.suptitle(title, wrap=True)
-    figure.tight_layout()
     paths = [prefix.with_suffix(".png"), prefix.with_suffix(".pdf")]
     figure.savefig(paths[0], dpi=150)
     figure.savefig(paths[1], metadata={"CreationDate": None})
@@ -38,25 +45,27 @@ def save_figure(figure: Figure, title: str, prefix: Path) -> list[Path]:
 
 
 def value(row: dict, name: str) -> float:
-    """The mean of an estimated column (NaN where missing)."""
-    number = row.get(f"{name}_mean")
-    return np.nan if number is None else float(number)
+    """The mean of an estimate (NaN where the row has none)."""
+    estimate = Estimate.read(row, name)
+    return np.nan if estimate is None else estimate.mean
 
 
 def interval(rows: Sequence[dict], name: str) -> np.ndarray:
     """[2, len(rows)] distances from each mean to its 95 % CI ends, for matplotlib's error bars (0 where a
     single seed leaves no interval)."""
-    means = np.array([value(row, name) for row in rows])
-    low = np.array([np.nan if row.get(f"{name}_ci_low") is None else row[f"{name}_ci_low"] for row in rows])
-    high = np.array(
-        [np.nan if row.get(f"{name}_ci_high") is None else row[f"{name}_ci_high"] for row in rows]
-    )
-    return np.nan_to_num(np.stack([means - low, high - means]), nan=0.0)
+    distances = []
+    for row in rows:
+        estimate = Estimate.read(row, name)
+        bounds = None if estimate is None else estimate.interval
+        distances.append(
+            (0.0, 0.0) if bounds is None else (estimate.mean - bounds[0], bounds[1] - estimate.mean)
+        )
+    return np.array(distances, dtype=float).reshape(-1, 2).T
 
 
 def errorbars(ax: Axes, rows: Sequence[dict], y: str, x: str | Sequence[float], scale: float = 1.0, **style):
-    """The means of the estimated column `y` (times `scale`) with their 95 % CI as error bars, at the
-    positions `x`, or at the means of the estimated column `x` with its CI as horizontal error bars."""
+    """The means of the estimate `y` (times `scale`) with their 95 % CI as error bars, at the positions `x`,
+    or at the means of the estimate `x` with its CI as horizontal error bars."""
     estimated_x = isinstance(x, str)
     return ax.errorbar(
         [value(row, x) for row in rows] if estimated_x else x,
@@ -69,17 +78,21 @@ def errorbars(ax: Axes, rows: Sequence[dict], y: str, x: str | Sequence[float], 
 
 def seed_points(ax: Axes, positions: Sequence[float], per_seed: Sequence[Sequence[float]], **style) -> None:
     """Every seed's value as a small dot at its arm's position (horizontal jitter only)."""
+    style = {"s": 10, "color": "k", "alpha": 0.6, "zorder": 3, "linewidths": 0, **style}
     for position, values in zip(positions, per_seed, strict=True):
-        jitter = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else np.zeros(1)
-        ax.scatter(position + jitter, values, s=10, color="k", alpha=0.6, zorder=3, linewidths=0, **style)
+        jitter = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else np.zeros(len(values))
+        ax.scatter(position + jitter, values, **style)
 
 
-def baseline_band(ax: Axes, row: dict, name: str, label: str) -> None:
+def baseline_band(ax: Axes, row: dict, name: str, label: str, scale: float = 1.0) -> None:
     """A dashed line at the baseline's mean and a band over its 95 % CI."""
-    mean = value(row, name)
-    ax.axhline(mean, color="k", linestyle="--", linewidth=1, label=f"{label} ({mean:.3f})")
-    if row.get(f"{name}_ci_low") is not None:
-        ax.axhspan(row[f"{name}_ci_low"], row[f"{name}_ci_high"], color="k", alpha=0.08, linewidth=0)
+    estimate = Estimate.read(row, name)
+    ax.axhline(
+        scale * estimate.mean, color="k", linestyle="--", linewidth=1, label=f"{label} ({estimate.mean:.3f})"
+    )
+    if estimate.interval is not None:
+        low, high = estimate.interval
+        ax.axhspan(scale * low, scale * high, color="k", alpha=0.08, linewidth=0)
 
 
 def per_seed(record: Record, rows: Sequence[dict], key: str = "accuracy") -> list[list[float]]:
@@ -91,17 +104,38 @@ def per_seed(record: Record, rows: Sequence[dict], key: str = "accuracy") -> lis
     return [seeds.get(row["run"], []) for row in rows]
 
 
-def accuracy_bars(ax: Axes, record: Record, rows: Sequence[dict], colour: str) -> np.ndarray:
-    """Bars at each row's mean accuracy with 95 % CI error bars and every seed's point; returns the bar
+def accuracy_points(ax: Axes, record: Record, rows: Sequence[dict], colour: str) -> np.ndarray:
+    """Each row's mean accuracy with its 95 % CI and every seed's point, at positions 0, 1, ...; returns the
     positions."""
     positions = np.arange(len(rows))
-    ax.bar(positions, [value(row, "accuracy") for row in rows], color=colour, alpha=0.8)
-    errorbars(ax, rows, "accuracy", positions, fmt="none", ecolor="k")
-    seed_points(ax, positions, per_seed(record, rows))
+    errorbars(ax, rows, "accuracy", positions, fmt="o", color=colour, markersize=7, zorder=4)
+    seed_points(ax, positions + 0.18, per_seed(record, rows), s=8)
     return positions
 
 
-def lowest_seed(record: Record, rows: Sequence[dict], margin: float = 0.05) -> float:
-    """A lower y limit for accuracy plots: the lowest seed's accuracy less a margin (at least 0)."""
-    values = [v for seeds in per_seed(record, rows) for v in seeds]
-    return max(0.0, min(values) - margin) if values else 0.0
+def gap_points(ax: Axes, rows: Sequence[dict], positions: Sequence[float], **style) -> None:
+    """Each row's paired difference from its reference (the estimate "gap_pt") with its 95 % interval;
+    filled where the verdict is better or worse, hollow otherwise."""
+    for row, position in zip(rows, positions, strict=True):
+        gap = Estimate.read(row, "gap_pt")
+        if gap is None or gap.n == 0:
+            continue
+        bounds = gap.interval
+        error = None if bounds is None else [[gap.mean - bounds[0]], [bounds[1] - gap.mean]]
+        decided = row.get("verdict") in ("better", "worse")
+        fill = style.get("color", "C0") if decided else "white"
+        ax.errorbar(
+            [position], [gap.mean], yerr=error, fmt="o", capsize=3, **{"markerfacecolor": fill, **style}
+        )
+
+
+def paired_differences(record: Record, pairs: Sequence[tuple[str, str]], key: str = "accuracy") -> list:
+    """Every seed's difference a - b (times 100: points) of each (run a, run b), from the "seeds" table."""
+    seeds: dict[str, dict[int, float]] = {}
+    for row in record.rows("seeds"):
+        if row[key] is not None:
+            seeds.setdefault(row["run"], {})[row["seed"]] = row[key]
+    return [
+        [100 * (seeds[a][s] - seeds[b][s]) for s in sorted(seeds.get(a, {})) if s in seeds.get(b, {})]
+        for a, b in pairs
+    ]

@@ -1,0 +1,312 @@
+"""Paired comparisons across seeds and their verdicts: the one place where a difference becomes a finding.
+
+Two arms are compared on the seeds they share, paired by seed (the same seed is the same initialisation,
+data order and random bits), through the per-seed differences a - b. Each comparison gets exactly one
+verdict:
+
+* *equivalent within +-m*: both one-sided tests (TOST) reject a difference beyond the margin m at level
+  0.05, i.e. the 90 % interval lies inside (-m, m); m is declared in the experiment's settings. The margin
+  is the smallest difference that matters, so a difference the TOST places within it is *equivalent* even
+  where the t-test finds it (the row keeps that p-value);
+* *better* / *worse*: otherwise, the paired t-test's p-value after the Holm adjustment over all the
+  comparisons of the experiment is below 0.05 (which side is better is each comparison's own; a quantity
+  against its target, e.g. achieved against target sparsity, is worse on either side);
+* *inconclusive*: neither; the 95 % interval is stated with how many seeds would decide it: at the margin,
+  the seeds that give the TOST 80 % power were the true difference 0, given the observed paired sd (without a
+  margin: the seeds that give the t-test 80 % power to find the observed difference).
+
+Every comparison also reports the sign consistency (on how many of its seeds the difference has the sign of
+its mean) and the minimum detectable effect (the true difference the paired t-test at 0.05, unadjusted,
+would find with 80 % power, given the seeds and the observed paired sd). The 95 % interval of a difference of
+bounded quantities (e.g. accuracies) is intersected with the differences they allow, which keeps its
+coverage.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass, fields
+
+import numpy as np
+from scipy import optimize, stats
+
+from gradcomp.analysis.seeds import ALPHA, FRACTION, LINEAR, Bounds, Estimate, number
+
+POWER = 0.8
+MAX_SEEDS = 10_000  # beyond this, "seeds needed" reads "more than 10,000"
+BETTER, WORSE, EQUIVALENT, INCONCLUSIVE = "better", "worse", "equivalent", "inconclusive"
+VERDICTS = (BETTER, WORSE, EQUIVALENT, INCONCLUSIVE)
+
+
+@dataclass(frozen=True)
+class Pair:
+    """One stated comparison: arm a against arm b (seed -> value each; b may be a constant, e.g. a target),
+    its difference reported times `factor` in `unit`, with the equivalence margin (in `unit`; None: no
+    equivalence claim), which side is better, the bounds of the compared quantity and the training scale the
+    arms ran at (for tables and captions)."""
+
+    a: str
+    b: str
+    a_values: Mapping[int, float]
+    b_values: Mapping[int, float] | float
+    unit: str = "pt"
+    factor: float = 100.0
+    margin: float | None = None
+    higher_is_better: bool | None = True  # None: a target, missed on either side
+    bounds: Bounds = FRACTION
+    scale: str = ""
+
+    def differences(self) -> np.ndarray:
+        """a - b on every shared seed (in seed order), times `factor`."""
+        if isinstance(self.b_values, Mapping):
+            shared = sorted(set(self.a_values) & set(self.b_values))
+            pairs = [(self.a_values[s], self.b_values[s]) for s in shared]
+        else:
+            pairs = [(self.a_values[s], self.b_values) for s in sorted(self.a_values)]
+        # rounded far below any reported digit, so that equal arms differ by exactly 0
+        return np.round(np.asarray([(a - b) * self.factor for a, b in pairs], dtype=np.float64), 9)
+
+    @property
+    def limits(self) -> tuple[float, float]:
+        """The differences the bounds allow, in `unit`."""
+        span = (self.bounds.high - self.bounds.low) * self.factor
+        return (-span, span) if self.bounds.bounded else (-math.inf, math.inf)
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """A paired comparison a - b and its verdict (see the module docstring)."""
+
+    a: str
+    b: str
+    seeds: int
+    difference: float
+    sd: float
+    ci_low: float
+    ci_high: float
+    p: float
+    p_holm: float
+    tests: int
+    margin: float | None
+    p_tost: float | None
+    agree: int  # seeds whose difference has the sign of the mean
+    mde: float | None
+    seeds_needed: int | None  # None: more than MAX_SEEDS, or nothing to decide
+    verdict: str
+    unit: str
+    higher_is_better: bool | None
+    scale: str
+
+    @property
+    def sign(self) -> str:
+        """e.g. "3 of 3 seeds lower"."""
+        side = "higher" if self.difference > 0 else "lower" if self.difference < 0 else "equal"
+        return f"{self.agree} of {self.seeds} seeds {side}"
+
+    @property
+    def interval(self) -> str:
+        if math.isnan(self.ci_low):
+            return "no interval (1 seed)"
+        return f"[{self.ci_low:+.3g}, {self.ci_high:+.3g}]"
+
+    @property
+    def decision(self) -> str:
+        """The verdict in words: "equivalent within ±1 pt", "worse (Holm p = 0.01)", "inconclusive"."""
+        if self.verdict == EQUIVALENT:
+            return f"equivalent within ±{self.margin:g} {self.unit}".rstrip()
+        if self.verdict in (BETTER, WORSE):
+            return f"{self.verdict} (Holm p = {self.p_holm:.2g} over {self.tests})"
+        return INCONCLUSIVE
+
+    @property
+    def needed(self) -> str:
+        """What would decide an inconclusive comparison, in words."""
+        if self.seeds < 2:
+            return "a second seed would give an interval"
+        if self.seeds_needed is None:
+            return "more than 10,000 seeds would be needed to decide it"
+        at = f"at ±{self.margin:g} {self.unit}".rstrip() if self.margin is not None else "at its size"
+        return f"about {self.seeds_needed} seeds would decide it {at}"
+
+    @property
+    def statement(self) -> str:
+        """e.g. "FP6 [1,4,1] vs fp32: -0.4 pt [-1.1, +0.3] (8 of 8 seeds lower), equivalent within ±1 pt"."""
+        unit = f" {self.unit}" if self.unit else ""
+        text = f"{self.a} vs {self.b}: {self.difference:+.3g}{unit} {self.interval} ({self.sign})"
+        if self.verdict == INCONCLUSIVE:
+            mde = f"detectable: {number(self.mde)}{unit}; " if self.mde is not None else ""
+            return f"{text}, inconclusive ({mde}{self.needed})"
+        return f"{text}, {self.decision}"
+
+    def row(self) -> dict:
+        return {**asdict(self), "statement": self.statement}
+
+    @classmethod
+    def from_row(cls, row: Mapping) -> Comparison:
+        """A comparison as `row` wrote it (JSON turns NaN into null)."""
+        names = {f.name: f.type for f in fields(cls)}
+        values = {key: row[key] for key in names}
+        for key in ("difference", "sd", "ci_low", "ci_high", "p", "p_holm"):
+            values[key] = math.nan if values[key] is None else values[key]
+        return cls(**values)
+
+
+def compare(pairs: Sequence[Pair]) -> list[Comparison]:
+    """The comparisons of one experiment, Holm-adjusted together, each with its verdict."""
+    tested = [_paired(pair) for pair in pairs]
+    adjusted = holm([t["p"] for t in tested])
+    count = sum(not math.isnan(t["p"]) for t in tested)
+    comparisons = []
+    for pair, t, p_holm in zip(pairs, tested, adjusted, strict=True):
+        if t["p_tost"] is not None and t["p_tost"] < ALPHA:
+            verdict = EQUIVALENT
+        elif p_holm < ALPHA:
+            better = pair.higher_is_better is not None and (t["difference"] > 0) == pair.higher_is_better
+            verdict = BETTER if better else WORSE
+        else:
+            verdict = INCONCLUSIVE
+        comparisons.append(
+            Comparison(
+                a=pair.a,
+                b=pair.b,
+                p_holm=p_holm,
+                tests=count,
+                margin=pair.margin,
+                verdict=verdict,
+                unit=pair.unit,
+                higher_is_better=pair.higher_is_better,
+                scale=pair.scale,
+                **t,
+            )
+        )
+    return comparisons
+
+
+def _paired(pair: Pair) -> dict:
+    """The paired t-test, TOST, sign consistency and power of the per-seed differences of `pair`."""
+    differences = pair.differences()
+    estimate = Estimate.of(differences)
+    n, mean, sd = estimate.n, estimate.mean, estimate.sd
+    agree = int(np.sum(np.sign(differences) == np.sign(mean))) if n else 0
+    result = {
+        "seeds": n,
+        "difference": mean,
+        "sd": sd,
+        "ci_low": math.nan,
+        "ci_high": math.nan,
+        "p": math.nan,
+        "p_tost": None,
+        "agree": agree,
+        "mde": None,
+        "seeds_needed": None,
+    }
+    if n < 2:
+        return result
+    low, high = pair.limits
+    result["ci_low"], result["ci_high"] = max(estimate.ci_low, low), min(estimate.ci_high, high)
+    if sd == 0:  # the same difference on every seed: nothing to test it against
+        result["p"] = 1.0 if mean == 0 else 0.0
+        if pair.margin is not None:
+            result["p_tost"] = 0.0 if abs(mean) < pair.margin else 1.0
+        result["mde"] = 0.0
+        return result
+    standard_error = sd / math.sqrt(n)
+    result["p"] = float(2 * stats.t.sf(abs(mean) / standard_error, n - 1))
+    result["mde"] = minimum_detectable_effect(n, sd)
+    if pair.margin is not None:
+        upper = stats.t.sf((mean + pair.margin) / standard_error, n - 1)  # H0: difference <= -m
+        lower = stats.t.cdf((mean - pair.margin) / standard_error, n - 1)  # H0: difference >= +m
+        result["p_tost"] = float(max(upper, lower))
+        result["seeds_needed"] = seeds_for_equivalence(sd, pair.margin)
+    elif mean != 0:
+        result["seeds_needed"] = seeds_for_difference(sd, abs(mean))
+    return result
+
+
+def summarise(comparisons: Sequence[Comparison]) -> str:
+    """The comparisons in one sentence, grouped by verdict, e.g. "against fp32: equivalent within ±1 pt: FP8
+    [1,5,2] (+0.2 pt [-0.4, +0.8]); worse: FP4 [1,3,0] (-17 pt [-25, -9]); inconclusive: FP5 [1,3,1] (-1.5
+    pt [-4.1, +1.1]; about 21 seeds would decide it at ±1 pt)"."""
+    references = {c.b for c in comparisons}
+    common = next(iter(references)) if len(references) == 1 else None
+    groups: dict[str, list[str]] = {}
+    for c in comparisons:
+        name = c.a if common else f"{c.a} vs {c.b}"
+        unit = f" {c.unit}" if c.unit else ""
+        detail = f"{c.difference:+.3g}{unit} {c.interval}"
+        if c.verdict == INCONCLUSIVE:
+            detail += f"; {c.needed}"
+        groups.setdefault(c.decision if c.verdict == EQUIVALENT else c.verdict, []).append(
+            f"{name} ({detail})"
+        )
+    parts = [f"{verdict}: {', '.join(items)}" for verdict, items in groups.items()]
+    return (f"against {common}: " if common else "") + "; ".join(parts)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm-Bonferroni adjusted p-values (NaN stays NaN and does not count as a test)."""
+    order = sorted((p, i) for i, p in enumerate(pvalues) if not math.isnan(p))
+    adjusted = [math.nan] * len(pvalues)
+    running = 0.0
+    for rank, (p, index) in enumerate(order):
+        running = max(running, min(1.0, (len(order) - rank) * p))
+        adjusted[index] = running
+    return adjusted
+
+
+# --- power of the paired t-test and of the TOST ----------------------------------------------------------
+def t_test_power(n: int, effect: float) -> float:
+    """Power of the two-sided paired t-test at ALPHA with n seeds for a true difference of `effect` paired
+    sds (noncentral t)."""
+    df, critical = n - 1, stats.t.ppf(1 - ALPHA / 2, n - 1)
+    shift = effect * math.sqrt(n)
+    beyond = np.nan_to_num(stats.nct.sf(critical, df, shift), nan=1.0)  # NaN only far in the tail
+    below = np.nan_to_num(stats.nct.cdf(-critical, df, shift), nan=0.0)
+    return float(beyond + below)
+
+
+def tost_power(n: int, margin: float) -> float:
+    """Power of the TOST at ALPHA with n seeds when the true difference is 0 and the margin is `margin`
+    paired sds (the usual approximation: both one-sided tests, each noncentral t, failing apart)."""
+    df, critical = n - 1, stats.t.ppf(1 - ALPHA, n - 1)
+    miss = np.nan_to_num(stats.nct.cdf(critical, df, margin * math.sqrt(n)), nan=0.0)
+    return max(0.0, float(1 - 2 * miss))
+
+
+@functools.lru_cache(maxsize=256)
+def _mde_in_sds(n: int) -> float:
+    return float(optimize.brentq(lambda d: t_test_power(n, d) - POWER, 1e-6, 20.0))
+
+
+def minimum_detectable_effect(n: int, sd: float) -> float:
+    """The true difference the paired t-test (two-sided, ALPHA, unadjusted) finds with 80 % power."""
+    return _mde_in_sds(n) * sd
+
+
+def _smallest_n(power) -> int | None:
+    """The smallest seed count (2 ... MAX_SEEDS) where `power(n)` reaches POWER (bisection: power grows
+    with n)."""
+    if power(MAX_SEEDS) < POWER:
+        return None
+    low, high = 1, MAX_SEEDS
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if power(middle) < POWER else (low, middle)
+    return max(high, 2)
+
+
+def seeds_for_equivalence(sd: float, margin: float) -> int | None:
+    """Seeds at which the TOST at `margin` has 80 % power were the true difference 0."""
+    return _smallest_n(lambda n: tost_power(n, margin / sd))
+
+
+def seeds_for_difference(sd: float, difference: float) -> int | None:
+    """Seeds at which the paired t-test finds `difference` with 80 % power."""
+    return _smallest_n(lambda n: t_test_power(n, difference / sd))
+
+
+def one_sample(name: str, values: Mapping[int, float], target: float, **pair) -> Pair:
+    """A quantity against a fixed target (e.g. achieved against target sparsity) as a `Pair`."""
+    return Pair(name, f"{number(target)}", values, target, **{"factor": 1.0, "bounds": LINEAR, **pair})
