@@ -819,6 +819,46 @@ def _a10_caption(settings: FailurePairs, baselines: list[RunGroup], runs: dict[s
         model (95 % CI; filled: fails, hollow: trains or undecided). {training_context(runs)}."""
 
 
+def _pair_rows(fixes: list[tuple[RunGroup, RunGroup]], recoveries: list[Comparison]) -> list[dict]:
+    """Each (failing, fixing) pair: both runs' accuracies and the fix's paired gain."""
+    return [
+        {
+            "failing": failing.label,
+            "fixing": fixing.label,
+            "model": failing.model,
+            "failing_run": failing.name,
+            "fixing_run": fixing.name,
+            **accuracy_estimate(failing).columns("failing_accuracy"),
+            **accuracy_estimate(fixing).columns("fixing_accuracy"),
+            **gap_cells(comparison),
+        }
+        for (failing, fixing), comparison in zip(fixes, recoveries, strict=True)
+    ]
+
+
+def _a10_findings(settings: FailurePairs, rows: list[dict], fitted: tuple, per_model, formats) -> list[str]:
+    """Agreement of the settings' criterion (both scopes) next to "nothing fails", the fitted criterion's
+    test on the other models, whether predicted MSE ranks accuracy, and the windows of global scales."""
+    no_window = [
+        f"{row['format']} on {row['model']} (needs {row['spread']:.1f} binades, "
+        f"has {row['format_range']:.1f})"
+        for row in formats
+        if row["every_layer_window_low"] is None
+    ]
+    return [
+        *(
+            _agreement_finding(rows, _Criterion(settings.max_clipped, settings.max_flushed, s))
+            for s in SCOPES
+        ),
+        _fit_finding(*fitted),
+        _ranking_finding(rows),
+        *(_window_statement(row) for row in per_model),
+        "No single global scale serves every layer for: " + "; ".join(no_window) + "."
+        if no_window
+        else "Every format listed has a global scale that serves every layer on every model.",
+    ]
+
+
 def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
     """A10: the theory's failure predictions from measured gradients against trained outcomes: agreement
     next to "nothing fails", threshold sensitivity, thresholds fitted on one model and tested on the others,
@@ -830,53 +870,21 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
     models = WithinModels.of(baselines, arms, "experiments.A10.baselines")
     pairs = models.pairs([(fixing, failing) for failing, fixing in fixes], settings.margin)
     comparisons = compare(pairs + models.gap_pairs(settings.margin))
-    recoveries, gaps = (
-        comparisons[: len(pairs)],
-        dict(zip([arm.name for arm in models.arms], comparisons[len(pairs) :], strict=True)),
-    )
+    gaps = dict(zip([arm.name for arm in models.arms], comparisons[len(pairs) :], strict=True))
     rows = _arm_rows(models.arms, models.own, layers, gaps)
     fit_model = runs[settings.fit_on or settings.baselines[0]].model
     best, test = _fit_and_test(settings, rows, fit_model)
-    criterion = _Criterion(settings.max_clipped, settings.max_flushed)
     window, per_model, formats = _windows(settings, baselines, layers)
-    no_window = [
-        f"{row['format']} on {row['model']} (needs {row['spread']:.1f} binades, "
-        f"has {row['format_range']:.1f})"
-        for row in formats
-        if row["every_layer_window_low"] is None
-    ]
-    findings = [
-        *(
-            _agreement_finding(rows, _Criterion(criterion.max_clipped, criterion.max_flushed, s))
-            for s in SCOPES
-        ),
-        _fit_finding(best, test, fit_model),
-        _ranking_finding(rows),
-        *(_window_statement(row) for row in per_model),
-        "No single global scale serves every layer for: " + "; ".join(no_window) + "."
-        if no_window
-        else "Every format listed has a global scale that serves every layer on every model.",
-    ]
-    pair_rows = [
-        {
-            "failing": failing.label,
-            "fixing": fixing.label,
-            "model": failing.model,
-            "failing_run": failing.name,
-            "fixing_run": fixing.name,
-            **{f"failing_{k}": v for k, v in accuracy_estimate(failing).columns("accuracy").items()},
-            **{f"fixing_{k}": v for k, v in accuracy_estimate(fixing).columns("accuracy").items()},
-            **gap_cells(comparison),
-        }
-        for (failing, fixing), comparison in zip(fixes, recoveries, strict=True)
-    ]
     scale = "; ".join(dict.fromkeys(group.scale for group in models.arms))
     groups = {group.name: group for group in [*baselines, *models.arms]}
+    swept = FloatingPoint(settings.format).format_label
     return Result(
         caption=_a10_caption(settings, baselines, groups),
         tables={
             "main": Table(
-                "Failures of low-bit FP gradients and their fixes", pair_rows, note=scale_note(groups)
+                "Failures of low-bit FP gradients and their fixes",
+                _pair_rows(fixes, comparisons[: len(pairs)]),
+                note=scale_note(groups),
             ),
             "arms": Table(
                 "Every trained FP run: predicted range losses and what training showed",
@@ -885,16 +893,13 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
             "sensitivity": Table(
                 "Agreement of each threshold pair with what training decided", _sensitivity(settings, rows)
             ),
-            "models": Table(
-                f"Global-scale window of {FloatingPoint(settings.format).format_label} per model (predicted)",
-                per_model,
-            ),
+            "models": Table(f"Global-scale window of {swept} per model (predicted)", per_model),
             "formats": Table("Predicted relative MSE of each format with the per-layer mean rule", formats),
             "window": Table("Predicted range losses against the global scale", window, markdown=False),
             "seeds": per_seed_table([*baselines, *models.arms]),
             "baseline": Table("fp32", [run_row(g) | {"model": g.model} for g in baselines], markdown=False),
         },
         comparisons=comparisons,
-        findings=findings,
+        findings=_a10_findings(settings, rows, (best, test, fit_model), per_model, formats),
         claims=[_fp_claim(best, test, scale)],
     )

@@ -120,6 +120,41 @@ def _fits(groups: list[RunGroup]) -> str:
     return "; ".join(dict.fromkeys(f"fit={group.policy.fit}" for group in groups))
 
 
+def _run_rows(
+    overall: PerSeed, layer_rows: list[dict], runs: dict[str, RunGroup], names: dict, verdicts: dict
+) -> list[dict]:
+    """Each run's overall achieved sparsity with its settings, its verdict against the target and the
+    lowest and highest of its layers' mean errors; the layer rows gain their run's model and target."""
+    errors: dict[str, list[float]] = {}
+    for row in layer_rows:
+        group = runs[row["run"]]
+        errors.setdefault(row["run"], []).append(row["error_mean"])
+        row |= {
+            "model": names[group.model],
+            "estimator": group.policy.estimator,
+            "target": group.policy.sparsity,
+        }
+    rows = []
+    for row in overall.rows():
+        group = runs[row["run"]]
+        mine = errors.get(row["run"], [])
+        rows.append(
+            {
+                **row,
+                "label": group.label,
+                "model": names[group.model],
+                "compression_points": group.compression_points,
+                "estimator": group.policy.estimator,
+                "fit": group.policy.fit,
+                "target": group.policy.sparsity,
+                "layer_error_min": min(mine, default=None),
+                "layer_error_max": max(mine, default=None),
+                "verdict": verdicts[row["run"]].verdict,
+            }
+        )
+    return rows
+
+
 def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]) -> Result:
     """A7: achieved against target sparsity, synthetic and in training, each run on target or not."""
     groups = settings.present(settings.runs, runs)
@@ -140,37 +175,9 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
     comparisons = compare(pairs)
     on_target = {g.name: c for g, c in zip(groups, comparisons, strict=True)}
     layer_rows = layers.rows()
-    extremes = {
-        name: (min(errors), max(errors))
-        for name in on_target
-        if (errors := [r["error_mean"] for r in layer_rows if r["run"] == name])
-    }
-    rows = [
-        {
-            **row,
-            "label": runs[row["run"]].label,
-            "model": names[runs[row["run"]].model],
-            "compression_points": runs[row["run"]].compression_points,
-            "estimator": runs[row["run"]].policy.estimator,
-            "fit": runs[row["run"]].policy.fit,
-            "target": runs[row["run"]].policy.sparsity,
-            "layer_error_min": extremes.get(row["run"], (None, None))[0],
-            "layer_error_max": extremes.get(row["run"], (None, None))[1],
-            "verdict": on_target[row["run"]].verdict,
-        }
-        for row in overall.rows()
-    ]
-    for row in layer_rows:
-        group = runs[row["run"]]
-        row |= {
-            "model": names[group.model],
-            "estimator": group.policy.estimator,
-            "target": group.policy.sparsity,
-        }
+    rows = _run_rows(overall, layer_rows, runs, names, on_target)
     claimed = [on_target[name] for name in settings.claim if name in on_target]
-    priors = [
-        c for g, c in zip(groups, comparisons, strict=True) if g.policy.estimator in ("gaussian", "laplace")
-    ]
+    priors = [on_target[g.name] for g in groups if g.policy.estimator in ("gaussian", "laplace")]
     claims = [
         equivalent("L4", claimed) if claimed else undecided("L4", "no run named by the settings' claim"),
         differs("L5", priors, WORSE) if priors else undecided("L5", "no Gaussian or Laplace run"),
@@ -179,7 +186,6 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
         f"{model}: {summarise([on_target[g.name] for g in groups if names[g.model] == model])}."
         for model in dict.fromkeys(names.values())
     ]
-    findings += _layer_findings(rows)
     groups_by_name = {g.name: g for g in groups}
     return Result(
         caption=_a7_caption(settings, groups, names, groups_by_name),
@@ -194,7 +200,7 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
             "layers": Table("Achieved sparsity per layer", layer_rows, markdown=False),
         },
         comparisons=comparisons,
-        findings=findings,
+        findings=findings + _layer_findings(rows),
         claims=claims,
     )
 

@@ -48,7 +48,7 @@ from gradcomp.analysis.seeds import (
     spearman,
 )
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import BETTER, Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import BETTER, Comparison, Pair, compare, one_sample, summarise
 from gradcomp.data import load_split
 from gradcomp.experiments import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
 
@@ -322,11 +322,49 @@ def _b2_caption(settings: VarianceVsBits, group: RunGroup, sampling_rows: list[d
         sampling variance (filled markers: significantly below or above it, hollow: inconclusive)."""
 
 
+def _against_sampling(settings: VarianceVsBits, group: RunGroup, points: PerSeed) -> list[Pair]:
+    """Each scheme at each bit width against the QAT sampling variance, on ln variance (lower is better)."""
+    sampling = points.values({"bits": None, "scheme": "QAT sampling"}, "ln_variance")
+    return [
+        Pair(
+            f"{NAMES[scheme]} {bits} bits",
+            "QAT sampling",
+            points.values({"bits": bits, "scheme": scheme}, "ln_variance"),
+            sampling,
+            unit="ln variance",
+            factor=1.0,
+            higher_is_better=False,
+            bounds=LINEAR,
+            scale=group.scale,
+        )
+        for bits in settings.bits
+        for scheme in SCHEMES
+    ]
+
+
+def _ratio_rows(points: PerSeed, against: dict[tuple, Comparison]) -> list[dict]:
+    """The variance rows, each with its ratio to the sampling variance (exp of the paired ln difference,
+    as an estimate) and that comparison's verdict."""
+    rows = []
+    for row in points.rows():
+        comparison = against.get((row["bits"], row["scheme"]))
+        if comparison is not None:
+            ratio = Estimate(
+                math.exp(comparison.difference),
+                math.nan,
+                math.exp(comparison.ci_low),
+                math.exp(comparison.ci_high),
+                comparison.seeds,
+            )
+            row |= {**ratio.columns("ratio_to_sampling"), "vs_sampling": comparison.verdict}
+        rows.append(row)
+    return rows
+
+
 def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Result:
     """B2: quantization variance against bits per scheme, against the QAT sampling variance."""
     group = runs[settings.run]
     points, schemes, sampling_rows = _variances(settings, group)
-    sampling = points.values({"bits": None, "scheme": "QAT sampling"}, "ln_variance")
     ordering = _scheme_pairs(schemes, "scheme", "mean_ln_variance", "ln variance", False, bounds=LINEAR)
     fours = [
         one_sample(
@@ -340,44 +378,19 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
         )
         for s in SCHEMES
     ]
+    comparisons = compare([*ordering, *fours, *_against_sampling(settings, group, points)])
+    ranked, factors = comparisons[: len(ordering)], comparisons[len(ordering) : len(ordering) + len(fours)]
     keys = [(bits, scheme) for bits in settings.bits for scheme in SCHEMES]
-    versus = [
-        Pair(
-            f"{NAMES[scheme]} {bits} bits",
-            "QAT sampling",
-            points.values({"bits": bits, "scheme": scheme}, "ln_variance"),
-            sampling,
-            unit="ln variance",
-            factor=1.0,
-            higher_is_better=False,
-            bounds=LINEAR,
-            scale=group.scale,
-        )
-        for bits, scheme in keys
-    ]
-    comparisons = compare([*ordering, *fours, *versus])
     against = dict(zip(keys, comparisons[len(ordering) + len(fours) :], strict=True))
-    rows = []
-    for row in points.rows():
-        comparison = against.get((row["bits"], row["scheme"]))
-        if comparison is not None:
-            row |= {
-                "ratio_to_sampling": math.exp(comparison.difference),
-                "ratio_ci_low": math.exp(comparison.ci_low) if math.isfinite(comparison.ci_low) else None,
-                "ratio_ci_high": math.exp(comparison.ci_high) if math.isfinite(comparison.ci_high) else None,
-                "vs_sampling": comparison.verdict,
-            }
-        rows.append(row)
-    ordering_results = comparisons[: len(ordering)]
     findings = [
-        f"Mean ln variance over the bit widths (lower is better): {summarise(ordering_results)}.",
-        f"Per-bit factor against 4: {summarise(comparisons[len(ordering) : len(ordering) + len(fours)])}.",
+        f"Mean ln variance over the bit widths (lower is better): {summarise(ranked)}.",
+        f"Per-bit factor against 4: {summarise(factors)}.",
         f"Against the QAT sampling variance (better: below it): {summarise(list(against.values()))}.",
     ]
     return Result(
         caption=_b2_caption(settings, group, sampling_rows),
         tables={
-            "main": Table("Gradient variance vs bits (QAT model)", rows),
+            "main": Table("Gradient variance vs bits (QAT model)", _ratio_rows(points, against)),
             "schemes": Table(
                 "Per scheme: mean ln variance over the bit widths and per-bit factor", schemes.rows()
             ),
@@ -387,10 +400,7 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
         },
         comparisons=comparisons,
         findings=findings,
-        claims=[
-            differs("S2", ordering_results[:2], BETTER),
-            equivalent("S3", comparisons[len(ordering) : len(ordering) + len(fours)]),
-        ],
+        claims=[differs("S2", ranked[:2], BETTER), equivalent("S3", factors)],
         facts={"sampling_batches": settings.sampling_batches},
     )
 

@@ -155,7 +155,7 @@ def scaling_and_split(record: Record) -> Figure:
         ylabel="accuracy - per-layer mean rule (pt)",
         title="(a) scaling rules",
     )
-    ax.legend(fontsize=7, loc="lower center")
+    ax.legend(fontsize=7, loc="best")
     ax = axes[0][1]
     splits = sorted((row for row in rows if row.get("split")), key=lambda row: row["format"])
     if splits:
@@ -189,7 +189,7 @@ def failure_cases(record: Record) -> Figure:
             ax.errorbar(
                 [position], [estimate.mean], yerr=error, fmt="o", color=colour, capsize=3, markersize=7
             )
-            seed_points(ax, [position + 0.2], [seeds[row[f"{side}_run"]]], s=8)
+            seed_points(ax, [position + 0.15], [seeds[row[f"{side}_run"]]], s=8)
             ticks.append(position)
             labels.append(f"{row['model'].split(' ')[0]}: {row[side]}" if several else row[side])
             position += 1

@@ -163,7 +163,16 @@ def accuracy_vs_sparsity(record: Record) -> Figure:
         arms = sorted(
             (r for r in rows if r["model"] == baseline["model"]), key=lambda r: value(r, "sparsity")
         )
-        gap_points(ax, arms, [value(r, "sparsity") for r in arms], color=f"C{index}")
+        x = [value(r, "sparsity") for r in arms]
+        gap_points(ax, arms, x, color=f"C{index}")
+        for row, position in zip(arms, x, strict=True):
+            ax.annotate(
+                row["label"],
+                (position, value(row, "gap_pt")),
+                fontsize=6,
+                xytext=(4, 2),
+                textcoords="offset points",
+            )
         ax.plot([], [], "o", color=f"C{index}", label=baseline["model"])
     ax.axhline(0, color="k", linewidth=0.8)
     ax.set(

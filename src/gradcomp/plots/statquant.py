@@ -170,10 +170,17 @@ def accuracy_table(record: Record) -> Figure:
             ax, mine, "accuracy", positions, scale=100, fmt="o-", color=COLOURS[scheme], label=NAMES[scheme]
         )
         dots = [[100 * v for v in seeds] for seeds in per_seed(record, mine)]
-        seed_points(ax, [p + 0.06 for p in positions], dots, color=COLOURS[scheme], alpha=0.5)
+        seed_points(ax, [p + 0.07 for p in positions], dots, spread=0.02, color=COLOURS[scheme], alpha=0.5)
         differences = paired_differences(record, [(row["run"], qat["run"]) for row in mine])
         gap_points(axes[0][1], mine, positions, color=COLOURS[scheme])
-        seed_points(axes[0][1], [p + 0.06 for p in positions], differences, color=COLOURS[scheme], alpha=0.5)
+        seed_points(
+            axes[0][1],
+            [p + 0.07 for p in positions],
+            differences,
+            spread=0.02,
+            color=COLOURS[scheme],
+            alpha=0.5,
+        )
     ax.set(xlabel="gradient bits", ylabel="test accuracy (%)", title="(a) accuracy, every seed")
     ax.set_xticks(bit_list)
     ax.invert_xaxis()

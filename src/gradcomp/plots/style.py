@@ -76,11 +76,13 @@ def errorbars(ax: Axes, rows: Sequence[dict], y: str, x: str | Sequence[float], 
     )
 
 
-def seed_points(ax: Axes, positions: Sequence[float], per_seed: Sequence[Sequence[float]], **style) -> None:
-    """Every seed's value as a small dot at its arm's position (horizontal jitter only)."""
+def seed_points(
+    ax: Axes, positions: Sequence[float], per_seed: Sequence[Sequence[float]], spread: float = 0.05, **style
+) -> None:
+    """Every seed's value as a small dot at its arm's position, spread over +-`spread` horizontally."""
     style = {"s": 10, "color": "k", "alpha": 0.6, "zorder": 3, "linewidths": 0, **style}
     for position, values in zip(positions, per_seed, strict=True):
-        jitter = np.linspace(-0.12, 0.12, len(values)) if len(values) > 1 else np.zeros(len(values))
+        jitter = np.linspace(-spread, spread, len(values)) if len(values) > 1 else np.zeros(len(values))
         ax.scatter(position + jitter, values, **style)
 
 
@@ -109,7 +111,7 @@ def accuracy_points(ax: Axes, record: Record, rows: Sequence[dict], colour: str)
     positions."""
     positions = np.arange(len(rows))
     errorbars(ax, rows, "accuracy", positions, fmt="o", color=colour, markersize=7, zorder=4)
-    seed_points(ax, positions + 0.18, per_seed(record, rows), s=8)
+    seed_points(ax, positions + 0.15, per_seed(record, rows), s=8)
     return positions
 
 
