@@ -1,15 +1,62 @@
 """Helpers shared by the tests."""
 
+import json
 import os
 import re
+import socket
 import subprocess
 import sys
 from pathlib import Path
 
 import torch
+import yaml
 
 ROOT = Path(__file__).resolve().parents[1]
 SNAKEMAKE = Path(sys.executable).parent / "snakemake"
+
+# A training run small enough for a test: 160 images in batches of 32, five steps per epoch
+TINY = {
+    "dataset": "synthetic",
+    "model": "resnet10t",
+    "batch_size": 32,
+    "epochs": 2,
+    "lr": 0.05,
+    "progress": False,
+    "log_every": 2,
+    "subset_per_class": 16,
+    "test_subset_per_class": 8,
+}
+
+
+def train_run(folder: Path, name: str, **overrides) -> tuple[dict, Path]:
+    """Train `TINY` (with `overrides`) into folder/name; returns its summary and folder."""
+    from gradcomp.config import resolve_config
+    from gradcomp.train import train
+
+    config = resolve_config(**{**TINY, "out": str(folder / name), **overrides})
+    return train(config), folder / name
+
+
+def read_metrics(run_dir: Path, times: bool = True) -> list[dict]:
+    """The lines of a run's metrics.jsonl (without their wall times where `times` is False)."""
+    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+    return lines if times else [{k: v for k, v in line.items() if k != "wall_seconds"} for line in lines]
+
+
+def free_ports(count: int) -> list[int]:
+    """Ports free on the loopback interface right now (for process groups of the tests)."""
+    sockets = [socket.socket() for _ in range(count)]
+    for sock in sockets:
+        sock.bind(("127.0.0.1", 0))
+    ports = [sock.getsockname()[1] for sock in sockets]
+    for sock in sockets:
+        sock.close()
+    return ports
+
+
+def default_config() -> dict:
+    """The embedded default pipeline configuration, as a fresh dict."""
+    return yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
 
 
 def run_snakemake(*args, cwd=ROOT) -> subprocess.CompletedProcess:
@@ -49,3 +96,4 @@ def lognormal_gradient(shape, sigma: float = 2.0, mu: float = -6.0, seed: int = 
         specials_list = [0.0, -0.0, float("nan"), float("inf"), float("-inf")]
         flat[: len(specials_list)] = torch.tensor(specials_list)[: flat.numel()]
     return values
+

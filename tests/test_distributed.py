@@ -4,13 +4,13 @@ import json
 import math
 import os
 import signal
-import socket
 import time
 
 import pytest
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+from helpers import free_ports, read_metrics
 
 import gradcomp.train as train_module
 from gradcomp.config import resolve_config
@@ -33,16 +33,6 @@ CONFIG = {
     "refresh": "epoch",
     "reduce_statistics": True,
 }
-
-
-def _free_ports(count: int) -> list[int]:
-    sockets = [socket.socket() for _ in range(count)]
-    for sock in sockets:
-        sock.bind(("127.0.0.1", 0))
-    ports = [sock.getsockname()[1] for sock in sockets]
-    for sock in sockets:
-        sock.close()
-    return ports
 
 
 def _worker(rank: int, ports: list[int], folder: str) -> None:
@@ -83,17 +73,12 @@ def _worker(rank: int, ports: list[int], folder: str) -> None:
         json.dump(results, handle)
 
 
-def _metrics(run_dir):
-    lines = [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
-    return [{k: v for k, v in line.items() if k != "wall_seconds"} for line in lines]
-
-
 def _weights(run_dir):
     return torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
 
 
 def test_two_ranks_stay_identical_and_resume_exactly(tmp_path):
-    processes = mp.spawn(_worker, args=(_free_ports(3), str(tmp_path)), nprocs=WORLD_SIZE, join=False)
+    processes = mp.spawn(_worker, args=(free_ports(3), str(tmp_path)), nprocs=WORLD_SIZE, join=False)
     deadline = time.monotonic() + 300
     while not processes.join(timeout=1):  # raises when a rank fails
         if time.monotonic() > deadline:
@@ -117,7 +102,11 @@ def test_two_ranks_stay_identical_and_resume_exactly(tmp_path):
     resumed = ranks[0]["resumed"]
     for key in (*global_keys, "epochs", "layers"):
         assert resumed[key] == reference[key], key
-    assert _metrics(tmp_path / "resumed") == _metrics(tmp_path / "reference")
-    assert [m["kind"] for m in _metrics(tmp_path / "reference")].count("epoch") == 2  # rank 0 alone logs
+    assert read_metrics(tmp_path / "resumed", times=False) == read_metrics(
+        tmp_path / "reference", times=False
+    )
+    assert [m["kind"] for m in read_metrics(tmp_path / "reference", times=False)].count(
+        "epoch"
+    ) == 2  # rank 0 alone logs
     final, expected = _weights(tmp_path / "resumed"), _weights(tmp_path / "reference")
     assert all(torch.equal(final[name], expected[name]) for name in expected)

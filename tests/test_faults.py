@@ -11,7 +11,7 @@ import time
 import pytest
 import torch
 import yaml
-from test_train import TINY, _metrics, _run
+from helpers import TINY, read_metrics, train_run
 
 import gradcomp.train as train_module
 from gradcomp.cli import main
@@ -38,10 +38,6 @@ def _logged_steps(run_dir):
 
 def _summary(run_dir):
     return json.loads((run_dir / "summary.json").read_text())
-
-
-def _without_times(run_dir):
-    return [{k: v for k, v in line.items() if k != "wall_seconds"} for line in _metrics(run_dir)]
 
 
 def test_kill_9_then_the_same_command_ends_like_an_uninterrupted_run(tmp_path):
@@ -72,14 +68,14 @@ def test_kill_9_then_the_same_command_ends_like_an_uninterrupted_run(tmp_path):
     )
     for key in SUMMARY_KEYS:
         assert resumed[key] == reference[key], key
-    assert _without_times(killed) == _without_times(tmp_path / "reference")
+    assert read_metrics(killed, times=False) == read_metrics(tmp_path / "reference", times=False)
     final = torch.load(killed / "checkpoint.pt", weights_only=False)["model"]
     expected = torch.load(tmp_path / "reference" / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.equal(final[name], expected[name]) for name in expected)
 
 
 def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monkeypatch):
-    _, run_dir = _run(tmp_path, "run", max_steps=2)
+    _, run_dir = train_run(tmp_path, "run", max_steps=2)
     previous = (run_dir / "checkpoint.pt").read_bytes()
 
     def disk_full(obj, handle, *args, **kwargs):
@@ -88,12 +84,12 @@ def test_a_failed_checkpoint_write_keeps_the_previous_checkpoint(tmp_path, monke
 
     monkeypatch.setattr(torch, "save", disk_full)
     with pytest.raises(OSError, match=r"No space left on device.*previous checkpoint") as failure:
-        _run(tmp_path, "run", max_steps=4, resume=True)
+        train_run(tmp_path, "run", max_steps=4, resume=True)
     assert failure.value.errno == errno.ENOSPC
     assert (run_dir / "checkpoint.pt").read_bytes() == previous
     assert not list(run_dir.glob("*.tmp"))  # the partial file is gone
     monkeypatch.undo()
-    summary, _ = _run(tmp_path, "run", max_steps=4, resume=True)  # the rerun continues from step 2
+    summary, _ = train_run(tmp_path, "run", max_steps=4, resume=True)  # the rerun continues from step 2
     assert summary["steps"] == 4
 
 
@@ -133,9 +129,9 @@ def test_non_finite_steps_are_skipped_and_training_goes_on(tmp_path, monkeypatch
         return model
 
     monkeypatch.setattr(train_module, "create_model", faulty_model)
-    summary, run_dir = _run(tmp_path, "faulty")
+    summary, run_dir = train_run(tmp_path, "faulty")
     assert summary["steps"] == 10 and summary["skipped_steps"] == 2
-    assert [m["skipped_steps"] for m in _metrics(run_dir) if m["kind"] == "epoch"] == [1, 2]
+    assert [m["skipped_steps"] for m in read_metrics(run_dir) if m["kind"] == "epoch"] == [1, 2]
     model = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.isfinite(value).all() for value in model.values() if value.is_floating_point())
     assert summary["final_test_accuracy"] > 0.2  # a working model (ten classes)

@@ -6,8 +6,7 @@ import os
 
 import pytest
 import torch.multiprocessing as mp
-from test_distributed import _free_ports
-from test_train import TINY, _metrics, _run
+from helpers import TINY, free_ports, read_metrics, train_run
 
 from gradcomp.cli import main
 from gradcomp.config import ConfigError, resolve_config
@@ -17,7 +16,7 @@ from gradcomp.train import _check_output_folder
 @pytest.fixture(scope="module")
 def finished(tmp_path_factory):
     """A finished two-step run (copied by the tests that change it)."""
-    _, run_dir = _run(tmp_path_factory.mktemp("finished"), "run", max_steps=2)
+    _, run_dir = train_run(tmp_path_factory.mktemp("finished"), "run", max_steps=2)
     return run_dir
 
 
@@ -36,7 +35,7 @@ def test_a_finished_run_is_refused_and_left_alone(tmp_path, finished):
     run_dir = _copy(finished, tmp_path / "run")
     before = _contents(run_dir)
     with pytest.raises(ConfigError) as refusal:
-        _run(tmp_path, "run", max_steps=3)
+        train_run(tmp_path, "run", max_steps=3)
     message = str(refusal.value)
     assert "\n" not in message
     for part in (str(run_dir), "a finished run", "summary.json", "checkpoint.pt", "--resume", "--overwrite"):
@@ -48,25 +47,25 @@ def test_an_interrupted_run_is_refused(tmp_path, finished):
     run_dir = _copy(finished, tmp_path / "run")
     (run_dir / "summary.json").unlink()
     with pytest.raises(ConfigError, match=r"holds an interrupted run \(checkpoint.pt\); pass --resume"):
-        _run(tmp_path, "run", max_steps=3)
+        train_run(tmp_path, "run", max_steps=3)
 
 
 def test_resume_continues_an_interrupted_run(tmp_path, finished):
     run_dir = _copy(finished, tmp_path / "run")
     (run_dir / "summary.json").unlink()
-    earlier = _metrics(run_dir)
-    summary, _ = _run(tmp_path, "run", max_steps=4, resume=True)
+    earlier = read_metrics(run_dir)
+    summary, _ = train_run(tmp_path, "run", max_steps=4, resume=True)
     assert summary["steps"] == 4
-    assert _metrics(run_dir)[: len(earlier)] == earlier
+    assert read_metrics(run_dir)[: len(earlier)] == earlier
 
 
 def test_overwrite_deletes_the_run_files_only_and_starts_afresh(tmp_path, finished):
     run_dir = _copy(finished, tmp_path / "run")
     (run_dir / "probe.npz").write_bytes(b"a previous run's probe")
     (run_dir / "notes.txt").write_text("the user's own file")
-    summary, _ = _run(tmp_path, "run", max_steps=3, overwrite=True)
+    summary, _ = train_run(tmp_path, "run", max_steps=3, overwrite=True)
     assert summary["steps"] == 3
-    assert [line["step"] for line in _metrics(run_dir) if line["kind"] == "step"] == [2]  # log_every 2
+    assert [line["step"] for line in read_metrics(run_dir) if line["kind"] == "step"] == [2]  # log_every 2
     assert not (run_dir / "probe.npz").exists()  # this run does not probe
     assert (run_dir / "notes.txt").read_text() == "the user's own file"
 
@@ -81,7 +80,7 @@ def test_a_folder_without_results_is_used(tmp_path, state):
     if state == "a failed start":  # config.yaml and an empty metrics.jsonl, no checkpoint yet
         (out / "config.yaml").write_text("")
         (out / "metrics.jsonl").write_text("")
-    summary, _ = _run(tmp_path, "run", max_steps=1)
+    summary, _ = train_run(tmp_path, "run", max_steps=1)
     assert summary["steps"] == 1
 
 
@@ -123,6 +122,6 @@ def _rank(rank: int, port: int, folders: list[str], results: str) -> None:
 
 def test_every_rank_fails_the_same_way(tmp_path, finished):
     folders = [str(finished), str(tmp_path / "unseen")]
-    mp.spawn(_rank, args=(_free_ports(1)[0], folders, str(tmp_path)), nprocs=2)
+    mp.spawn(_rank, args=(free_ports(1)[0], folders, str(tmp_path)), nprocs=2)
     outcomes = [json.loads((tmp_path / f"rank{rank}.json").read_text()) for rank in range(2)]
     assert outcomes[0] == outcomes[1] and outcomes[0].startswith(f"{finished} holds a finished run")

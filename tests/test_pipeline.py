@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from helpers import ROOT, run_snakemake
+from helpers import ROOT, default_config, run_snakemake
 from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
@@ -31,10 +31,6 @@ def test_lint_is_clean():
     assert lint.returncode == 0, lint.stdout + lint.stderr
 
 
-def _default_config() -> dict:
-    return yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
-
-
 @pytest.mark.parametrize(
     ("change", "named"),
     [
@@ -45,7 +41,7 @@ def _default_config() -> dict:
     ],
 )
 def test_schema_rejects_a_bad_config_naming_the_key(change, named):
-    config = _default_config()
+    config = default_config()
     change(config)
     with pytest.raises(WorkflowError, match=named):
         validate(config, str(ROOT / "workflow" / "schemas" / "config.schema.yaml"))
@@ -65,14 +61,14 @@ def test_schema_rejects_a_bad_config_naming_the_key(change, named):
     ],
 )
 def test_config_check_names_the_bad_key(change, message):
-    config = _default_config()
+    config = default_config()
     change(config)
     with pytest.raises(ValueError, match=message):
         check_config(config)
 
 
 def test_a_bad_config_stops_snakemake_with_the_message(tmp_path):
-    config = _default_config()
+    config = default_config()
     config["runs"]["baseline"] = "fp:format=e9m9x"
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
@@ -82,7 +78,7 @@ def test_a_bad_config_stops_snakemake_with_the_message(tmp_path):
 
 
 def test_run_specs_merge_shared_and_own_keys_and_the_seed():
-    config = _default_config()
+    config = default_config()
     assert run_spec(config, "fp_e4m1", 0)["policy"] == "fp:format=e4m1"
     assert run_spec(config, "qat8", 2)["forward_bits"] == 8 and run_spec(config, "qat8", 2)["seed"] == 2
     assert run_spec(config, "qat8", 0)["model"] == config["train"]["model"]
@@ -92,7 +88,7 @@ def test_run_specs_merge_shared_and_own_keys_and_the_seed():
 
 
 def test_what_each_experiment_reads():
-    config = _default_config()
+    config = default_config()
     assert list(experiment_reads(config, "X1")) == [
         "baseline",
         *(run for run in config["runs"] if run != "baseline"),
@@ -138,7 +134,7 @@ def test_snakefmt_clean():
 def test_the_committed_default_figures_are_complete():
     """The README points readers at figures/default: every file the default config produces is there."""
     figures = ROOT / "figures" / "default"
-    missing = [name for name in figure_files(_default_config()) if not (figures / name).is_file()]
+    missing = [name for name in figure_files(default_config()) if not (figures / name).is_file()]
     assert not missing, f"figures/default lacks {missing}: run `make run` and commit figures/default"
 
 

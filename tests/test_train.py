@@ -1,4 +1,3 @@
-import json
 import math
 import signal
 
@@ -6,6 +5,7 @@ import numpy as np
 import pytest
 import torch
 import yaml
+from helpers import TINY, read_metrics, train_run
 
 import gradcomp.train as train_module
 from gradcomp.config import CompressionConfig, TrainConfig, resolve_config
@@ -13,28 +13,7 @@ from gradcomp.policies import Prune, parse_policy
 from gradcomp.probe import load_probe
 from gradcomp.train import TrainingInterrupted, train
 
-# 160 training images in batches of 32: five steps per epoch
-TINY = {
-    "dataset": "synthetic",
-    "model": "resnet10t",
-    "batch_size": 32,
-    "epochs": 2,
-    "lr": 0.05,
-    "progress": False,
-    "log_every": 2,
-    "subset_per_class": 16,
-    "test_subset_per_class": 8,
-}
 CONVS = 14  # resnet10t's convolutions (where prune and fp act; int and the probe-only run add the classifier)
-
-
-def _run(tmp_path, name, **overrides):
-    config = resolve_config(**{**TINY, "out": str(tmp_path / name), **overrides})
-    return train(config), tmp_path / name
-
-
-def _metrics(run_dir):
-    return [json.loads(line) for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
 
 
 @pytest.mark.parametrize(
@@ -48,7 +27,7 @@ def _metrics(run_dir):
     ],
 )
 def test_end_to_end_each_policy_family(tmp_path, policy):
-    summary, run_dir = _run(tmp_path, "run", policy=policy)
+    summary, run_dir = train_run(tmp_path, "run", policy=policy)
     assert summary["steps"] == 10 and summary["epochs"] == 2
     assert (
         0 <= summary["final_test_accuracy"] <= 1
@@ -67,17 +46,17 @@ def test_end_to_end_each_policy_family(tmp_path, policy):
     config = yaml.safe_load((run_dir / "config.yaml").read_text())
     assert parse_policy(config["compression"]["policy"]) == parse_policy(policy)  # written in full
     assert resolve_config(run_dir / "config.yaml").to_dict() == config  # config.yaml reads back
-    kinds = [m["kind"] for m in _metrics(run_dir)]
+    kinds = [m["kind"] for m in read_metrics(run_dir)]
     assert kinds.count("epoch") == 2 and kinds.count("step") == 5
     assert (run_dir / "checkpoint.pt").exists()
 
 
 def test_training_is_deterministic(tmp_path):
-    first, _ = _run(tmp_path, "a", policy="prune:sparsity=0.8")
-    second, _ = _run(tmp_path, "b", policy="prune:sparsity=0.8")
+    first, _ = train_run(tmp_path, "a", policy="prune:sparsity=0.8")
+    second, _ = train_run(tmp_path, "b", policy="prune:sparsity=0.8")
     assert first["final_test_accuracy"] == second["final_test_accuracy"]
-    assert [m.get("loss") for m in _metrics(tmp_path / "a")] == [
-        m.get("loss") for m in _metrics(tmp_path / "b")
+    assert [m.get("loss") for m in read_metrics(tmp_path / "a")] == [
+        m.get("loss") for m in read_metrics(tmp_path / "b")
     ]
 
 
@@ -108,7 +87,7 @@ RESUME_OPTIONS = {"policy": "prune:sparsity=0.8", "refresh": "epoch"}
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    return _run(tmp_path_factory.mktemp("uninterrupted"), "reference", **RESUME_OPTIONS)
+    return train_run(tmp_path_factory.mktemp("uninterrupted"), "reference", **RESUME_OPTIONS)
 
 
 @pytest.mark.parametrize("stop_at", [3, 5, 8])  # mid-epoch, at the end of an epoch, mid second epoch
@@ -120,9 +99,9 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
     monkeypatch.setattr(_StopAtStep, "at", stop_at)
     monkeypatch.setattr(train_module, "_StopRequested", _StopAtStep)
     with pytest.raises(TrainingInterrupted, match="resume"):
-        _run(tmp_path, "resumed", **options)
+        train_run(tmp_path, "resumed", **options)
     monkeypatch.undo()
-    resumed, resumed_dir = _run(tmp_path, "resumed", resume=True, **options)
+    resumed, resumed_dir = train_run(tmp_path, "resumed", resume=True, **options)
     for key in (
         "final_test_accuracy",
         "best_test_accuracy",
@@ -132,28 +111,30 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
         "layers",
     ):
         assert resumed[key] == reference[key], key
-    strip = [{k: v for k, v in m.items() if k != "wall_seconds"} for m in _metrics(reference_dir)]
-    assert [{k: v for k, v in m.items() if k != "wall_seconds"} for m in _metrics(resumed_dir)] == strip
+    strip = [{k: v for k, v in m.items() if k != "wall_seconds"} for m in read_metrics(reference_dir)]
+    assert [{k: v for k, v in m.items() if k != "wall_seconds"} for m in read_metrics(resumed_dir)] == strip
 
 
 def test_resume_refuses_a_changed_configuration_or_a_damaged_checkpoint(tmp_path):
-    _run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=2)
+    train_run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=2)
     with pytest.raises(ValueError, match="policy"):
-        _run(tmp_path, "run", policy="prune:sparsity=0.9", max_steps=4, resume=True)
+        train_run(tmp_path, "run", policy="prune:sparsity=0.9", max_steps=4, resume=True)
     path = tmp_path / "run" / "checkpoint.pt"
     checkpoint = path.read_bytes()
     for damaged in (checkpoint[: len(checkpoint) // 2], b"not a checkpoint"):  # a truncated file, garbage
         path.write_bytes(damaged)
         with pytest.raises(RuntimeError, match=r"unreadable.*remove it to start over"):
-            _run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=4, resume=True)
+            train_run(tmp_path, "run", policy="prune:sparsity=0.8", max_steps=4, resume=True)
 
 
 def test_probe_does_not_change_training(tmp_path):
-    plain, plain_dir = _run(tmp_path, "plain", policy="prune:sparsity=0.8", max_steps=7)
+    plain, plain_dir = train_run(tmp_path, "plain", policy="prune:sparsity=0.8", max_steps=7)
     probe = {"steps": [0, 4], "every": 6, "reservoir": 64}
-    probed, probed_dir = _run(tmp_path, "probed", policy="prune:sparsity=0.8", max_steps=7, probe=probe)
+    probed, probed_dir = train_run(tmp_path, "probed", policy="prune:sparsity=0.8", max_steps=7, probe=probe)
     assert probed["final_test_accuracy"] == plain["final_test_accuracy"]
-    assert [m.get("loss") for m in _metrics(probed_dir)] == [m.get("loss") for m in _metrics(plain_dir)]
+    assert [m.get("loss") for m in read_metrics(probed_dir)] == [
+        m.get("loss") for m in read_metrics(plain_dir)
+    ]
     data = load_probe(probed_dir / "probe.npz")
     assert set(data["kind"]) == {"gradient", "gradient_active", "weight", "activation"}
     assert sorted(set(data["step"].tolist())) == [0, 4, 6]
@@ -172,7 +153,9 @@ def test_probe_does_not_change_training(tmp_path):
 
 
 def test_probe_alone_without_compression(tmp_path):
-    summary, run_dir = _run(tmp_path, "probe_only", max_steps=2, probe={"steps": [1], "kinds": ["gradient"]})
+    summary, run_dir = train_run(
+        tmp_path, "probe_only", max_steps=2, probe={"steps": [1], "kinds": ["gradient"]}
+    )
     assert summary["gradient_sparsity"] is None
     assert set(load_probe(run_dir / "probe.npz")["kind"]) == {"gradient", "gradient_active"}
 
@@ -181,8 +164,8 @@ def test_non_finite_gradients_are_skipped_then_stop_training(tmp_path, monkeypat
     original = torch.nn.functional.cross_entropy
     monkeypatch.setattr(torch.nn.functional, "cross_entropy", lambda *a, **k: original(*a, **k) * math.nan)
     with pytest.raises(FloatingPointError, match="non-finite"):
-        _run(tmp_path, "nan", max_steps=8, max_skipped_steps=3)
-    lines = _metrics(tmp_path / "nan")
+        train_run(tmp_path, "nan", max_steps=8, max_skipped_steps=3)
+    lines = read_metrics(tmp_path / "nan")
     assert lines == [] or all(m["skipped_steps"] > 0 for m in lines)
     saved = torch.load(tmp_path / "nan" / "checkpoint.pt", weights_only=False)
     assert saved["state"]["skipped_steps"] == 4

@@ -7,9 +7,7 @@ from pathlib import Path
 import pytest
 import timm
 import yaml
-from helpers import ROOT, run_snakemake
-from test_pipeline import _default_config
-from test_train import TINY
+from helpers import ROOT, TINY, default_config, run_snakemake
 
 from gradcomp.cli import main
 from gradcomp.config import ConfigError, resolve_config, timm_model_names
@@ -65,7 +63,7 @@ def test_model_kwargs_are_checked_against_the_model_class_before_any_data(tmp_pa
 
 
 def test_the_shipped_model_kwargs_pass_the_check():
-    config = _default_config()
+    config = default_config()
     for run in config["runs"]:
         spec = run_spec(config, run, 0)
         check_model(spec["model"], spec.get("stem", "model"), spec.get("model_kwargs"))
@@ -147,7 +145,7 @@ def test_a_command_line_error_exits_with_status_2():
 
 
 def test_schema_violations_are_one_line_each():
-    config = _default_config()
+    config = default_config()
     config.update(gpus=-1, trian={})
     config["runs"]["bad"] = {"forward_bits": 8}
     config["runs"]["noseed"] = {"policy": "none", "seeds": [1, -1]}
@@ -157,11 +155,11 @@ def test_schema_violations_are_one_line_each():
         "runs.bad: 'policy' is a required property",
         "runs.noseed.seeds[1]: -1 is less than the minimum of 0",
     ]
-    assert schema_violations(_default_config(), SCHEMA) == []
+    assert schema_violations(default_config(), SCHEMA) == []
 
 
 def test_snakemake_stops_on_a_schema_violation_without_dumping_the_schema(tmp_path):
-    config = _default_config()
+    config = default_config()
     config["seeds"] = [0, -1]
     path = Path(tmp_path) / "bad.yaml"
     path.write_text(yaml.safe_dump(config))
