@@ -4,6 +4,7 @@ comparisons of arms with the uncompressed run of their own model and training sc
 from __future__ import annotations
 
 import math
+from collections import Counter
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -103,6 +104,15 @@ def model_names(groups: Sequence[RunGroup]) -> dict[str, str]:
     return {model: model if timm[model] in shared else timm[model] for model in models}
 
 
+def distinct_labels(groups: Sequence[RunGroup], with_model: bool) -> dict[str, str]:
+    """Run name -> label: the run's label, with its model's short name where `with_model`, and with the run
+    name where two runs would otherwise read the same (e.g. a fit or schedule the label does not show)."""
+    names = model_names(groups)
+    labels = {g.name: f"{g.label} ({names[g.model]})" if with_model else g.label for g in groups}
+    counts = Counter(labels.values())
+    return {name: f"{label} [{name}]" if counts[label] > 1 else label for name, label in labels.items()}
+
+
 @dataclass(frozen=True)
 class WithinModels:
     """Arms of one or several models, each matched with the uncompressed run of its own model and training
@@ -112,6 +122,7 @@ class WithinModels:
     arms: list[RunGroup]
     own: dict[str, RunGroup]  # arm name -> its baseline
     names: dict[str, str]  # model description -> short name
+    labels: dict[str, str]  # run name -> its label in comparisons
 
     @classmethod
     def of(cls, baselines: Sequence[RunGroup], arms: Sequence[RunGroup], where: str) -> WithinModels:
@@ -127,7 +138,9 @@ class WithinModels:
                     f"model at its scale among {', '.join(repr(g.name) for g in baselines)}; add one"
                 )
         own = {arm.name: by_model[model_key(arm)] for arm in chosen}
-        return cls(list(baselines), chosen, own, model_names([*baselines, *chosen]))
+        groups = [*baselines, *chosen]
+        labels = distinct_labels(groups, with_model=len(baselines) > 1)
+        return cls(list(baselines), chosen, own, model_names(groups), labels)
 
     @property
     def several(self) -> bool:
@@ -138,8 +151,8 @@ class WithinModels:
         return self.names[group.model]
 
     def label(self, group: RunGroup) -> str:
-        """The group's label, with its model's short name where there are several models."""
-        return f"{group.label} ({self.name(group)})" if self.several else group.label
+        """The group's label in comparisons (`distinct_labels`)."""
+        return self.labels[group.name]
 
     def arms_of(self, baseline: RunGroup) -> list[RunGroup]:
         return [arm for arm in self.arms if self.own[arm.name] is baseline]

@@ -18,10 +18,11 @@ from gradcomp.analysis.accuracy import (
     scale_note,
 )
 from gradcomp.analysis.runs import Run, RunGroup, training_context
+from gradcomp.analysis.seeds import POSITIVE
 from gradcomp.analysis.synthetic import signed_lognormal
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, compare, summarise
-from gradcomp.compress import LayerStats, compress
+from gradcomp.compress import GradientCopy, LayerStats, chain_seed, compress
 from gradcomp.experiments import EveryRun, PruneWithFp
 from gradcomp.policies import Chain, FloatingPoint
 
@@ -38,7 +39,7 @@ def _bits(run: Run) -> float:
     return run.policy.bits_per_element(run.summary)
 
 
-BITS = Quantity("bits", _bits)
+BITS = Quantity("bits", _bits, POSITIVE)
 
 
 def _row(group: RunGroup) -> dict:
@@ -110,7 +111,7 @@ def fp_mass_effects(fp: FloatingPoint, x: Tensor, mass: float, seed: int = 0) ->
     largest value removes, sum of (|x| - max/scale)+), and the net relative change of the mass
     (sum |Q(x)| / mass - 1, rounding included); also the share of x's non-zeros flushed and log2 scale."""
     stats = LayerStats()
-    quantized = compress(fp, x, stats, True, seed)
+    quantized = compress(fp, GradientCopy(x, seed), stats)
     magnitude = x.detach().abs().double()
     nonzero = magnitude > 0
     flushed = nonzero & (quantized == 0)
@@ -133,7 +134,7 @@ def chain_mass_effects(chain: Chain, g: Tensor, seed: int = 0) -> dict[str, dict
     mass = float(g.abs().double().sum())
     x = g
     for step, member in enumerate(chain.policies[:index]):
-        x = compress(member, x, LayerStats(), True, seed + 7919 * (step + 1))
+        x = compress(member, GradientCopy(x, chain_seed(seed, step)), LayerStats())
     return {"alone": fp_mass_effects(fp, g, mass, seed), "chain": fp_mass_effects(fp, x, mass, seed)}
 
 

@@ -13,6 +13,7 @@ from gradcomp.analysis.accuracy import (
     SPARSITY,
     WithinModels,
     claim_of,
+    distinct_labels,
     gap_columns,
     model_finding,
     model_names,
@@ -22,7 +23,7 @@ from gradcomp.analysis.accuracy import (
 )
 from gradcomp.analysis.claims import differs, equivalent, undecided
 from gradcomp.analysis.runs import Run, RunGroup, training_context
-from gradcomp.analysis.seeds import CORRELATION, FRACTION, Estimate, PerSeed
+from gradcomp.analysis.seeds import CORRELATION, FRACTION, POSITIVE, Estimate, PerSeed
 from gradcomp.analysis.synthetic import synthetic_sparsity
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import WORSE, Comparison, Pair, compare, one_sample, summarise
@@ -159,11 +160,11 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
     """A7: achieved against target sparsity, synthetic and in training, each run on target or not."""
     groups = settings.present(settings.runs, runs)
     names = model_names(groups)
-    several = len(names) > 1
+    labels = distinct_labels(groups, with_model=len(names) > 1)
     overall, layers, kinds = _calibration(groups)
     pairs = [
         one_sample(
-            f"{g.label} ({names[g.model]})" if several else g.label,
+            labels[g.name],
             overall.values({"run": g.name}, "achieved"),
             g.policy.sparsity,
             margin=settings.margin,
@@ -413,7 +414,7 @@ def _cosines(group: RunGroup) -> tuple[PerSeed, PerSeed]:
         ("layer", "index"),
         {"sparsity": FRACTION, "predicted_cosine": CORRELATION, "measured_cosine": CORRELATION},
     )
-    model = PerSeed(("run",), {"below_limit_share": FRACTION})
+    model = PerSeed(("run",), {"mean_abs_error": POSITIVE, "below_limit_share": FRACTION})
     for seed, run in group.runs.items():
         errors, below = [], []
         for index, (name, layer) in enumerate(run.summary["layers"].items()):
