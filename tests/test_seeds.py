@@ -125,10 +125,15 @@ def test_each_kind_of_difference_gets_its_verdict():
     assert [c.verdict for c in found] == [EQUIVALENT, WORSE, INCONCLUSIVE, BETTER]
     noisy_comparison = found[2]
     assert noisy_comparison.seeds_needed > 8 and noisy_comparison.mde > 1.0
-    assert (
-        f"about {noisy_comparison.seeds_needed} seeds would decide it at ±1 pt" in noisy_comparison.statement
-    )
+    needed = noisy_comparison.seeds_needed
+    assert f"about {needed} seeds would show it within ±1 pt" in noisy_comparison.statement
     assert "4 of 8 seeds lower" in noisy_comparison.statement
+    # a large difference short of significance: what would decide it is finding it, not equivalence
+    spread = {s: 0.75 + (0.04 if s % 2 else -0.05) for s in range(3)}
+    nulls = [Pair(f"null{i}", "base", base, base) for i in range(9)]
+    large = compare([Pair("large", "base", spread, base, margin=1.0), *nulls])[0]
+    assert large.verdict == INCONCLUSIVE and large.seeds_needed < 20
+    assert large.statement.endswith(f"about {large.seeds_needed} seeds would find a difference of this size)")
 
 
 def test_a_small_significant_difference_inside_the_margin_is_equivalent():

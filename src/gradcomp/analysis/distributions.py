@@ -76,6 +76,11 @@ def _context(groups: list[RunGroup]) -> str:
     return f"Models: {_models(groups)}. Trained as {training_context({g.name: g for g in groups})}"
 
 
+def _note(groups: list[RunGroup]) -> str:
+    """A table's note: the probed runs' training scale and seeds."""
+    return f"Probed runs: {training_context({group.name: group for group in groups})}."
+
+
 def _steps(steps: set[int]) -> str:
     return f"step {min(steps)}" if len(steps) == 1 else f"steps {min(steps)}-{max(steps)}, per model"
 
@@ -239,7 +244,7 @@ def gradient_histograms(settings: AcrossModels, runs: dict[str, RunGroup]) -> Re
     return Result(
         caption=_a1_caption(groups, *detail, steps),
         tables={
-            "main": Table("Per-layer statistics at the last probed step", layers.rows()),
+            "main": Table("Per-layer statistics at the last probed step", layers.rows(), note=_note(groups)),
             "models": Table("Per model and population: spread of the layers", summary),
             "histograms": Table("Histograms drawn (first seed)", histograms, markdown=False),
             "linear": Table("Linear-scale histograms drawn (first seed)", linear, markdown=False),
@@ -350,7 +355,7 @@ def goodness_of_fit(settings: GoodnessOfFit, runs: dict[str, RunGroup]) -> Resul
     return Result(
         caption=_a2_caption(settings, groups),
         tables={
-            "main": Table("Mean KS statistic over layers", per_model.rows()),
+            "main": Table("Mean KS statistic over layers", per_model.rows(), note=_note(groups)),
             "layers": Table("KS statistic per layer", per_layer.rows(), markdown=False),
         },
         comparisons=comparisons,
@@ -466,7 +471,7 @@ def statistics_over_training(settings: AcrossModels, runs: dict[str, RunGroup]) 
     return Result(
         caption=_a3_caption(groups, set(last_steps.values())),
         tables={
-            "main": Table("Per-layer statistics at the last probed step", at_last),
+            "main": Table("Per-layer statistics at the last probed step", at_last, note=_note(groups)),
             "models": Table("Per model and population: spread, mean sigma2 and drift", summary),
             "curves": Table("Per-layer statistics at every probed step", table, markdown=False),
             "over_training": Table(

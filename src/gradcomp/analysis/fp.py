@@ -330,20 +330,25 @@ def _predicted_split(splits: list[RunGroup]) -> tuple[float, int | None, RunGrou
 
 def _a6_caption(models: WithinModels, references: dict, splits: list[RunGroup], runs) -> str:
     rules = "; ".join(
-        dict.fromkeys(f"{_fp_member(g).scaling_label}: {_fp_member(g).scaling_rule}" for g in models.arms)
+        dict.fromkeys(
+            f"{policy.scaling_label}: {policy.scaling_rule}"
+            for policy in map(_fp_member, models.arms)
+            if policy.scaling != "global"
+        )
     )
     split_text = ", ".join(_fp_member(g).format_label for g in splits)
     formats = ", ".join(dict.fromkeys(f"{models.name(g)} {label}" for (_, label), g in references.items()))
-    return f"""(a) Accuracy difference from the per-layer mean rule of the same model and format ({formats}),
-        paired by seed (mean and 95 % CI), of one fixed global loss scale for every layer against log2 of
-        that scale, and of dynamic loss scaling and the per-layer min-MSE rule (at the right); the band is
-        the settings' equivalence margin. Rules: {rules}. (b) The splits {split_text} of one bit budget with
-        the per-layer mean rule (points: mean and 95 % CI; dots: each seed) against fp32 (band); the title
-        gives the split the MSE theory (saturating grid with subnormals) predicts from the mean sigma2
-        measured in these runs (the mean over layers and seeds of each layer's last fit). Models
-        ({models.caption()}). {training_context(runs)}. Comparisons: each other scaling against the per-layer
-        mean rule of its model and format, each split against the predicted one; paired by seed, verdicts
-        after Holm over the comparisons, equivalence by two one-sided tests at the margin."""
+    return f"""(a) Accuracy difference from the per-layer mean rule of the same model and format
+        ({formats}), paired by seed (mean and 95 % CI), of one fixed global loss scale for every layer
+        against log2 of that scale, and of dynamic loss scaling and the per-layer min-MSE rule (at the
+        right); the band is the settings' equivalence margin. Rules: {rules}; global 2^k: one fixed scale
+        2^k for every layer. (b) The splits {split_text} of one bit budget with the per-layer mean rule
+        (points: mean and 95 % CI; dots: each seed) against fp32 (band); the title gives the split the MSE
+        theory (saturating grid with subnormals) predicts from the mean sigma2 measured in these runs (the
+        mean over layers and seeds of each layer's last fit). Models ({models.caption()}).
+        {training_context(runs)}. Comparisons: each other scaling against the per-layer mean rule of its
+        model and format, each split against the predicted one; paired by seed, verdicts after Holm over the
+        comparisons, equivalence by two one-sided tests at the margin."""
 
 
 def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:

@@ -167,6 +167,7 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
             labels[g.name],
             overall.values({"run": g.name}, "achieved"),
             g.policy.sparsity,
+            f"target {g.policy.sparsity:g}",
             margin=settings.margin,
             higher_is_better=None,
             scale=g.scale,

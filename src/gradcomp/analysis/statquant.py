@@ -202,7 +202,11 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
     return Result(
         caption=_b1_caption(settings, group),
         tables={
-            "main": Table(f"Bin usage of {bits}-bit gradient quantizers ({settings.layer})", usage.rows()),
+            "main": Table(
+                f"Bin usage of {bits}-bit gradient quantizers ({settings.layer})",
+                usage.rows(),
+                note=scale_note({group.name: group}),
+            ),
             "ranges": Table("Per-sample ranges (first seed)", ranges_table, markdown=False),
             "codes": Table("Code histograms (first seed)", codes_table, markdown=False),
         },
@@ -390,7 +394,11 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
     return Result(
         caption=_b2_caption(settings, group, sampling_rows),
         tables={
-            "main": Table("Gradient variance vs bits (QAT model)", _ratio_rows(points, against)),
+            "main": Table(
+                "Gradient variance vs bits (QAT model)",
+                _ratio_rows(points, against),
+                note=scale_note({group.name: group}),
+            ),
             "schemes": Table(
                 "Per scheme: mean ln variance over the bit widths and per-bit factor", schemes.rows()
             ),
@@ -460,7 +468,11 @@ def unbiasedness(settings: Unbiasedness, runs: dict[str, RunGroup]) -> Result:
     return Result(
         caption=_b3_caption(settings, group, ks[-1]),
         tables={
-            "main": Table(f"Unbiasedness of {settings.bits}-bit FQT gradients", errors.rows()),
+            "main": Table(
+                f"Unbiasedness of {settings.bits}-bit FQT gradients",
+                errors.rows(),
+                note=scale_note({group.name: group}),
+            ),
             "slopes": Table("Log-log slope of each curve", slopes.rows()),
         },
         comparisons=comparisons,
@@ -602,7 +614,11 @@ def range_sigma_predictor(settings: RangePredictor, runs: dict[str, RunGroup]) -
     return Result(
         caption=_x2_caption(settings, group),
         tables={
-            "main": Table(f"Per-sample range spread vs PSQ/BHQ gains ({settings.bits} bits)", rows),
+            "main": Table(
+                f"Per-sample range spread vs PSQ/BHQ gains ({settings.bits} bits)",
+                rows,
+                note=scale_note({group.name: group}),
+            ),
             "correlations": Table(
                 "Spearman rank correlations, per seed then over seeds", correlations.rows()
             ),

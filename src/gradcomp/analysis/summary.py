@@ -23,7 +23,7 @@ verdict: *equivalent within ±m* when two one-sided tests at {ALPHA} place the d
 the experiment's settings declare; else *better* or *worse* when the paired t-test is significant at {ALPHA}
 after the Holm adjustment over the experiment's comparisons; else *inconclusive*, with the seeds that would
 decide it. Tables also give the sign consistency over seeds and the difference the seeds could detect with
-{POWER:.0%} power. A claim is *shown* when its deciding comparisons all have the verdict the claim
+{100 * POWER:.0f} % power. A claim is *shown* when its deciding comparisons all have the verdict the claim
 predicts, *refuted* when one contradicts it, and *inconclusive* otherwise, at the scale stated."""
 
 

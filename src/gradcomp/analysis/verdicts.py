@@ -11,9 +11,10 @@ verdict:
 * *better* / *worse*: otherwise, the paired t-test's p-value after the Holm adjustment over all the
   comparisons of the experiment is below 0.05 (which side is better is each comparison's own; a quantity
   against its target, e.g. achieved against target sparsity, is worse on either side);
-* *inconclusive*: neither; the 95 % interval is stated with how many seeds would decide it: at the margin,
-  the seeds that give the TOST 80 % power were the true difference 0, given the observed paired sd (without a
-  margin: the seeds that give the t-test 80 % power to find the observed difference).
+* *inconclusive*: neither; the 95 % interval is stated with how many seeds would decide it, given the
+  observed paired sd and taking the observed difference d as the true one: where |d| is inside the margin,
+  the seeds that give the TOST 80 % power to show it within +-m; otherwise (or without a margin) the seeds
+  that give the paired t-test 80 % power to find it (at 0.05 before the Holm adjustment).
 
 Every comparison also reports the sign consistency (on how many of its seeds the difference has the sign of
 its mean) and the minimum detectable effect (the true difference the paired t-test at 0.05, unadjusted,
@@ -121,14 +122,22 @@ class Comparison:
         return INCONCLUSIVE
 
     @property
+    def within_margin(self) -> bool:
+        """Whether the observed difference lies inside the margin (so that equivalence could be shown)."""
+        return self.margin is not None and abs(self.difference) < self.margin
+
+    @property
     def needed(self) -> str:
         """What would decide an inconclusive comparison, in words."""
         if self.seeds < 2:
             return "a second seed would give an interval"
         if self.seeds_needed is None:
             return "more than 10,000 seeds would be needed to decide it"
-        at = f"at ±{self.margin:g} {self.unit}".rstrip() if self.margin is not None else "at its size"
-        return f"about {self.seeds_needed} seeds would decide it {at}"
+        if self.within_margin:
+            return (
+                f"about {self.seeds_needed} seeds would show it within ±{self.margin:g} {self.unit}".rstrip()
+            )
+        return f"about {self.seeds_needed} seeds would find a difference of this size"
 
     @property
     def statement(self) -> str:
@@ -219,7 +228,8 @@ def _paired(pair: Pair) -> dict:
         upper = stats.t.sf((mean + pair.margin) / standard_error, n - 1)  # H0: difference <= -m
         lower = stats.t.cdf((mean - pair.margin) / standard_error, n - 1)  # H0: difference >= +m
         result["p_tost"] = float(max(upper, lower))
-        result["seeds_needed"] = seeds_for_equivalence(sd, pair.margin)
+    if pair.margin is not None and abs(mean) < pair.margin:
+        result["seeds_needed"] = seeds_for_equivalence(sd, pair.margin, mean)
     elif mean != 0:
         result["seeds_needed"] = seeds_for_difference(sd, abs(mean))
     return result
@@ -267,12 +277,14 @@ def t_test_power(n: int, effect: float) -> float:
     return float(beyond + below)
 
 
-def tost_power(n: int, margin: float) -> float:
-    """Power of the TOST at ALPHA with n seeds when the true difference is 0 and the margin is `margin`
-    paired sds (the usual approximation: both one-sided tests, each noncentral t, failing apart)."""
-    df, critical = n - 1, stats.t.ppf(1 - ALPHA, n - 1)
-    miss = np.nan_to_num(stats.nct.cdf(critical, df, margin * math.sqrt(n)), nan=0.0)
-    return max(0.0, float(1 - 2 * miss))
+def tost_power(n: int, margin: float, difference: float = 0.0) -> float:
+    """Power of the TOST at ALPHA with n seeds when the margin is `margin` and the true difference
+    `difference`, both in paired sds (the usual approximation: each one-sided test's miss, noncentral t,
+    counted apart)."""
+    df, critical, root = n - 1, stats.t.ppf(1 - ALPHA, n - 1), math.sqrt(n)
+    miss_low = np.nan_to_num(stats.nct.cdf(critical, df, (margin + difference) * root), nan=0.0)
+    miss_high = np.nan_to_num(stats.nct.cdf(critical, df, (margin - difference) * root), nan=0.0)
+    return max(0.0, float(1 - miss_low - miss_high))
 
 
 @functools.lru_cache(maxsize=256)
@@ -297,9 +309,9 @@ def _smallest_n(power) -> int | None:
     return max(high, 2)
 
 
-def seeds_for_equivalence(sd: float, margin: float) -> int | None:
-    """Seeds at which the TOST at `margin` has 80 % power were the true difference 0."""
-    return _smallest_n(lambda n: tost_power(n, margin / sd))
+def seeds_for_equivalence(sd: float, margin: float, difference: float = 0.0) -> int | None:
+    """Seeds at which the TOST at `margin` has 80 % power, were the true difference `difference`."""
+    return _smallest_n(lambda n: tost_power(n, margin / sd, difference / sd))
 
 
 def seeds_for_difference(sd: float, difference: float) -> int | None:
@@ -307,6 +319,10 @@ def seeds_for_difference(sd: float, difference: float) -> int | None:
     return _smallest_n(lambda n: t_test_power(n, difference / sd))
 
 
-def one_sample(name: str, values: Mapping[int, float], target: float, **pair) -> Pair:
-    """A quantity against a fixed target (e.g. achieved against target sparsity) as a `Pair`."""
-    return Pair(name, f"{number(target)}", values, target, **{"factor": 1.0, "bounds": LINEAR, **pair})
+def one_sample(
+    name: str, values: Mapping[int, float], target: float, reference: str | None = None, **pair
+) -> Pair:
+    """A quantity against a fixed target (e.g. achieved against target sparsity) as a `Pair` (the target
+    named `reference`, else by its value), in the quantity's own unit (none unless given)."""
+    defaults = {"factor": 1.0, "bounds": LINEAR, "unit": ""}
+    return Pair(name, reference or number(target), values, target, **{**defaults, **pair})
