@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, DatasetNotFound, load_split, make_synthetic, read_idx
+from gradcomp.datasets import DATASETS
 
 
 def test_synthetic_dataset_is_deterministic_and_balanced():
@@ -54,7 +55,7 @@ def test_streamed_folder_shards(tmp_path):
         (tmp_path / f"class{label}").mkdir()
         for index in range(5):
             Image.new("RGB", (8, 8), (label * 100 + index, 0, 0)).save(tmp_path / f"class{label}/{index}.png")
-    data = ImageFolderSet(tmp_path, train=False, workers=0, subset_per_class=None)
+    data = ImageFolderSet(DATASETS["imagenet"], tmp_path, train=False, workers=0, subset_per_class=None)
     whole = [labels for _, labels in data.batches(4, shuffle=True, seed=1)]
     shards = [[labels for _, labels in data.batches(4, shuffle=True, seed=1, shard=(r, 2))] for r in range(2)]
     assert [labels.numel() for labels in whole] == [4, 4, 2]
@@ -79,12 +80,30 @@ def test_read_idx(tmp_path):
 @pytest.mark.skipif(
     not FASHION_MNIST_SYSTEM_DIR.exists(), reason="Debian package dataset-fashion-mnist not installed"
 )
-def test_fashion_mnist_from_the_debian_package():
+def test_fashion_mnist_from_the_debian_package_matches_the_registry():
+    info = DATASETS["fashion-mnist"]
     train = load_split("fashion-mnist", None, True)
     test = load_split("fashion-mnist", None, False, subset_per_class=10)
-    assert train.images.shape == (60000, 1, 28, 28) and train.num_classes == 10
-    assert torch.bincount(train.labels).tolist() == [6000] * 10
-    assert len(test) == 100
+    assert train.images.shape == (info.train_size, info.channels, info.image_size, info.image_size)
+    assert len(load_split("fashion-mnist", None, False)) == info.test_size
+    assert torch.bincount(train.labels).tolist() == [info.train_size // info.classes] * info.classes
+    assert len(test) == 10 * info.classes
+    pixels = train.images.float() / 255
+    assert pixels.mean().item() == pytest.approx(info.mean[0], abs=1e-4)
+    assert pixels.std().item() == pytest.approx(info.std[0], abs=1e-4)
+    assert load_split("fashion-mnist", None, True, 5).images.data_ptr() != train.images.data_ptr()
+    assert load_split("fashion-mnist", None, True) is train  # the files are read once per process
+
+
+def test_synthetic_matches_the_registry():
+    info = DATASETS["synthetic"]
+    train, test = load_split("synthetic", None, True), load_split("synthetic", None, False)
+    assert (len(train), len(test)) == (info.train_size, info.test_size)
+    assert (train.num_classes, train.in_chans, train.image_size) == (
+        info.classes,
+        info.channels,
+        info.image_size,
+    )
 
 
 @pytest.mark.parametrize("name", ["cifar10", "cifar100", "imagenet"])

@@ -70,7 +70,7 @@ def test_the_shipped_model_kwargs_pass_the_check():
 
 
 def test_a_dataset_error_leaves_no_output_folder(tmp_path):
-    with pytest.raises(DatasetNotFound, match="cifar10 needs --data-dir"):
+    with pytest.raises(DatasetNotFound, match="CIFAR-10 needs --data-dir"):
         _train(tmp_path, dataset="cifar10", model="resnet18")
     assert not (tmp_path / "run").exists()
 

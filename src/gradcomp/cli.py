@@ -14,6 +14,7 @@ from pathlib import Path
 
 from gradcomp import __version__
 from gradcomp.config import ConfigError
+from gradcomp.datasets import DATASETS
 
 # what a user can get wrong; other exceptions are bugs and keep their traceback. DatasetNotFound, a missing
 # --config file and an output folder that cannot be made or written are OSErrors.
@@ -139,7 +140,7 @@ DEBUG_HELP = "on an error, show the traceback instead of the one-line message"
 # flag -> (type, help); each overrides the config key of the same name
 TRAIN_FLAGS = {
     "model": (str, "timm model name (default: per dataset, e.g. resnet18)"),
-    "dataset": (str, "fashion-mnist | cifar10 | cifar100 | imagenet | synthetic"),
+    "dataset": (str, " | ".join(DATASETS)),
     "data_dir": (str, "dataset location (CIFAR/ImageNet; Fashion-MNIST defaults to the Debian package)"),
     "policy": (str, "NAME[:key=value,...][+NAME...], e.g. prune:sparsity=0.85 or int:bits=5,scheme=bhq"),
     "epochs": (int, "training epochs"),

@@ -1,4 +1,5 @@
-"""Datasets: Fashion-MNIST (offline, the default), CIFAR-10/100 and ImageNet from user paths, synthetic.
+"""Loading the datasets of the registry (`gradcomp.datasets`, which holds what each one is): Fashion-MNIST
+(offline, the default), CIFAR-10/100 and ImageNet from user paths, synthetic images.
 
 Small datasets are held in memory as uint8 tensors and batched here: the order of each epoch and every
 augmentation draw come from generators seeded by (seed, epoch, batch), so a run resumed in the middle of an
@@ -13,9 +14,10 @@ union is the single-process batch (augmented alike, since the draws are made for
 from __future__ import annotations
 
 import dataclasses
+import functools
 import gzip
 import struct
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,15 +25,10 @@ import numpy as np
 import torch
 from torch import Tensor
 
-FASHION_MNIST_SYSTEM_DIR = Path("/usr/share/datasets/fashion-mnist")
-DATASETS = ("fashion-mnist", "cifar10", "cifar100", "imagenet", "synthetic")
-_STATS = {  # per-channel mean and std of the training images in [0, 1]
-    "fashion-mnist": ((0.2860,), (0.3530,)),
-    "cifar10": ((0.4914, 0.4822, 0.4465), (0.2470, 0.2435, 0.2616)),
-    "cifar100": ((0.5071, 0.4865, 0.4409), (0.2673, 0.2564, 0.2762)),
-    "imagenet": ((0.485, 0.456, 0.406), (0.229, 0.224, 0.225)),
-    "synthetic": ((0.5, 0.5, 0.5), (0.25, 0.25, 0.25)),
-}
+from gradcomp.datasets import DATASETS, Dataset, lookup
+
+FASHION_MNIST = DATASETS["fashion-mnist"]
+FASHION_MNIST_SYSTEM_DIR = FASHION_MNIST.system_dir  # the Debian package's folder
 
 
 class DatasetNotFound(FileNotFoundError):
@@ -170,11 +167,10 @@ def load_fashion_mnist(data_dir: Path | None, train: bool) -> ImageSet:
     images = _find_idx(local, f"{prefix}-images-idx3-ubyte")
     labels = _find_idx(local, f"{prefix}-labels-idx1-ubyte")
     if images and labels:
-        return ImageSet(
+        return _in_memory(
+            FASHION_MNIST,
             torch.from_numpy(read_idx(images).copy()).unsqueeze(1),
             torch.from_numpy(read_idx(labels).astype(np.int64)),
-            10,
-            *_STATS["fashion-mnist"],
             source=local,
         )
     root = Path(data_dir) if data_dir is not None else Path.home() / ".cache" / "gradcomp"
@@ -195,48 +191,54 @@ def load_fashion_mnist(data_dir: Path | None, train: bool) -> ImageSet:
             "with `apt-get install dataset-fashion-mnist` (Debian/Ubuntu) or put the four IDX files in "
             "--data-dir."
         ) from error
-    return ImageSet(
-        dataset.data.unsqueeze(1), dataset.targets.long(), 10, *_STATS["fashion-mnist"], source=root
-    )
+    return _in_memory(FASHION_MNIST, dataset.data.unsqueeze(1), dataset.targets.long(), source=root)
 
 
-def load_cifar(name: str, data_dir: Path | None, train: bool) -> ImageSet:
+def _in_memory(info: Dataset, images: Tensor, labels: Tensor, **options) -> ImageSet:
+    """An in-memory split of a registry dataset, normalised with its mean and std."""
+    if images.shape[1:] != (info.channels, info.image_size, info.image_size):
+        raise ValueError(
+            f"{info.title}: images of shape {tuple(images.shape[1:])}, expected "
+            f"{(info.channels, info.image_size, info.image_size)}"
+        )
+    return ImageSet(images, labels, info.classes, info.mean, info.std, **options)
+
+
+def load_cifar(info: Dataset, data_dir: Path | None, train: bool) -> ImageSet:
+    """CIFAR-10 or CIFAR-100 (torchvision's python batches under data_dir); never downloaded."""
     from torchvision.datasets import CIFAR10, CIFAR100
 
     cls, folder, url = (
         (CIFAR10, "cifar-10-batches-py", "cifar-10-python.tar.gz")
-        if name == "cifar10"
+        if info.classes == 10
         else (CIFAR100, "cifar-100-python", "cifar-100-python.tar.gz")
     )
     if data_dir is None:
-        raise DatasetNotFound(f"{name} needs --data-dir (a folder holding {folder}/)")
+        raise DatasetNotFound(f"{info.title} needs --data-dir (a folder holding {folder}/)")
     try:
         dataset = cls(str(data_dir), train=train, download=False)
     except RuntimeError as error:
         raise DatasetNotFound(
-            f"{name} not found: expected {Path(data_dir) / folder}/. Download {url} from "
+            f"{info.title} not found: expected {Path(data_dir) / folder}/. Download {url} from "
             f"https://www.cs.toronto.edu/~kriz/cifar.html and extract it into {data_dir}."
         ) from error
     images = torch.from_numpy(dataset.data).permute(0, 3, 1, 2).contiguous()
-    return ImageSet(
-        images,
-        torch.tensor(dataset.targets),
-        len(dataset.classes),
-        *_STATS[name],
-        augment=train,
-        source=Path(data_dir),
-    )
+    return _in_memory(info, images, torch.tensor(dataset.targets), augment=train, source=Path(data_dir))
+
+
+SYNTHETIC = DATASETS["synthetic"]
 
 
 def make_synthetic(
     train: bool,
-    num_classes: int = 10,
-    image_size: int = 16,
-    channels: int = 3,
-    per_class: int = 64,
+    num_classes: int = SYNTHETIC.classes,
+    image_size: int = SYNTHETIC.image_size,
+    channels: int = SYNTHETIC.channels,
+    per_class: int = SYNTHETIC.train_size // SYNTHETIC.classes,
     seed: int = 0,
 ) -> ImageSet:
-    """Learnable random images: a smooth random prototype per class plus noise (tests and dry runs)."""
+    """Learnable random images: a smooth random prototype per class plus noise (tests and dry runs); the
+    defaults make the registry's `synthetic` dataset."""
     generator = torch.Generator().manual_seed(seed)
     coarse = torch.rand(num_classes, channels, 4, 4, generator=generator)
     prototypes = torch.nn.functional.interpolate(
@@ -246,7 +248,8 @@ def make_synthetic(
     labels = torch.arange(num_classes).repeat_interleave(per_class)
     noise = 0.25 * torch.randn(labels.numel(), channels, image_size, image_size, generator=noise_generator)
     images = ((prototypes[labels] + noise).clamp(0, 1) * 255).round().to(torch.uint8)
-    return ImageSet(images, labels, num_classes, *_STATS["synthetic"])
+    mean, std = (values[:1] * channels for values in (SYNTHETIC.mean, SYNTHETIC.std))  # alike in each channel
+    return ImageSet(images, labels, num_classes, mean, std)
 
 
 class ImageFolderSet(_Split):
@@ -257,18 +260,21 @@ class ImageFolderSet(_Split):
     augmented.
     """
 
-    def __init__(self, folder: Path, train: bool, workers: int, subset_per_class: int | None) -> None:
+    def __init__(
+        self, info: Dataset, folder: Path, train: bool, workers: int, subset_per_class: int | None
+    ) -> None:
         from torchvision import datasets, transforms
 
-        mean, std = _STATS["imagenet"]
+        size = info.image_size
         if train:
-            augment = [transforms.RandomResizedCrop(224), transforms.RandomHorizontalFlip()]
-        else:
-            augment = [transforms.Resize(256), transforms.CenterCrop(224)]
-        pipeline = transforms.Compose([*augment, transforms.ToTensor(), transforms.Normalize(mean, std)])
+            augment = [transforms.RandomResizedCrop(size), transforms.RandomHorizontalFlip()]
+        else:  # the usual centre crop of 224 from 256
+            augment = [transforms.Resize(size * 8 // 7), transforms.CenterCrop(size)]
+        normalise = transforms.Normalize(info.mean, info.std)
+        pipeline = transforms.Compose([*augment, transforms.ToTensor(), normalise])
         self.dataset = datasets.ImageFolder(str(folder), pipeline)
         self.num_classes = len(self.dataset.classes)
-        self.in_chans, self.image_size, self.workers = 3, 224, workers
+        self.in_chans, self.image_size, self.workers = info.channels, size, workers
         self.source = folder.parent  # the data_dir read
         targets = torch.tensor(self.dataset.targets)
         self.indices = torch.arange(targets.numel())
@@ -303,29 +309,45 @@ class ImageFolderSet(_Split):
         yield from loader
 
 
+def load_image_folder(
+    info: Dataset, data_dir: Path | None, train: bool, subset_per_class: int | None, workers: int
+) -> ImageFolderSet:
+    if data_dir is None:
+        raise DatasetNotFound(
+            f"{info.title} needs --data-dir (a folder with train/ and val/ class subfolders)"
+        )
+    folder = data_dir / ("train" if train else "val")
+    if not folder.is_dir():
+        raise DatasetNotFound(
+            f"{info.title} split not found: expected {folder}/ with one subfolder per class"
+        )
+    return ImageFolderSet(info, folder, train, workers, subset_per_class)
+
+
+# how each kind of storage (gradcomp.datasets.Dataset.storage) is read into memory
+_READERS: dict[str, Callable[[Dataset, Path | None, bool], ImageSet]] = {
+    "idx": lambda info, data_dir, train: load_fashion_mnist(data_dir, train),
+    "cifar": load_cifar,
+    "generated": lambda info, data_dir, train: make_synthetic(train),
+}
+
+
+@functools.lru_cache(maxsize=4)
+def _read(name: str, data_dir: Path | None, train: bool) -> ImageSet:
+    """A whole in-memory split, read once per process: a process that trains several seeds or runs reads the
+    files once (the split is never modified; batches are new tensors)."""
+    info = DATASETS[name]
+    return _READERS[info.storage](info, data_dir, train)
+
+
 def load_split(
     name: str, data_dir: str | Path | None, train: bool, subset_per_class: int | None = None, workers: int = 4
 ) -> ImageSet | ImageFolderSet:
-    """One split of a named dataset (see DATASETS): in memory, or streamed from data_dir/{train,val} for
-    ImageNet. A missing dataset raises DatasetNotFound saying where it was looked for and how to get it."""
+    """One split of a dataset of the registry (gradcomp.datasets): in memory, or streamed from an image
+    folder (ImageNet). A missing dataset raises DatasetNotFound saying where it was looked for and how to
+    get it."""
+    info = lookup(name)
     data_dir = Path(data_dir) if data_dir else None
-    if name == "imagenet":
-        if data_dir is None:
-            raise DatasetNotFound(
-                "imagenet needs --data-dir (a folder with train/ and val/ class subfolders)"
-            )
-        folder = data_dir / ("train" if train else "val")
-        if not folder.is_dir():
-            raise DatasetNotFound(
-                f"ImageNet split not found: expected {folder}/ with one subfolder per class"
-            )
-        return ImageFolderSet(folder, train, workers, subset_per_class)
-    if name == "fashion-mnist":
-        split = load_fashion_mnist(data_dir, train)
-    elif name in ("cifar10", "cifar100"):
-        split = load_cifar(name, data_dir, train)
-    elif name == "synthetic":
-        split = make_synthetic(train)
-    else:
-        raise ValueError(f"unknown dataset {name!r}; choose from {DATASETS}")
-    return split.subset_per_class(subset_per_class)
+    if info.storage == "image-folder":
+        return load_image_folder(info, data_dir, train, subset_per_class, workers)
+    return _read(name, data_dir, train).subset_per_class(subset_per_class)

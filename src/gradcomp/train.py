@@ -107,6 +107,7 @@ def evaluate(
     batch_size: int,
     device: torch.device,
     processes: Processes = ALONE,
+    memory_format: torch.memory_format = torch.contiguous_format,
 ) -> tuple[float, float]:
     """Test loss and accuracy; several processes each evaluate a shard and add up (same model on each)."""
     model.eval()
@@ -115,7 +116,7 @@ def evaluate(
         for images, labels in data.batches(batch_size, shuffle=False, shard=processes.shard):
             if not labels.numel():  # a final batch smaller than the number of ranks
                 continue
-            images, labels = images.to(device), labels.to(device)
+            images, labels = images.to(device, memory_format=memory_format), labels.to(device)
             logits = model(images)
             loss_sum += float(nn.functional.cross_entropy(logits, labels, reduction="sum"))
             correct += int((logits.argmax(1) == labels).sum())
@@ -232,6 +233,7 @@ class _Run:
     scheduler: torch.optim.lr_scheduler.LRScheduler
     steps_per_epoch: int
     total_steps: int
+    memory_format: torch.memory_format
     progress: Progress = field(default_factory=Progress)
 
     @property
@@ -368,7 +370,12 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
         config.dataset, config.data_dir, False, config.test_subset_per_class, config.workers
     )
     source = train_set.source
-    config = dataclasses.replace(config, data_dir=None if source is None else str(source))
+    steps_per_epoch = train_set.steps_per_epoch(config.batch_size, drop_last=True)
+    if steps_per_epoch == 0:
+        raise ConfigError(f"batch_size {config.batch_size} exceeds the {len(train_set)} training images")
+    config = dataclasses.replace(
+        config, data_dir=None if source is None else str(source), **_warmup_in_steps(config, steps_per_epoch)
+    )
     model = create_model(
         config.model,
         train_set.num_classes,
@@ -379,6 +386,8 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
     ).to(device)
     if config.forward_bits is not None:
         quantize_forward(model, config.forward_bits)
+    memory_format = torch.channels_last if config.channels_last else torch.contiguous_format
+    model = model.to(memory_format=memory_format)
 
     compression = config.compression
     probe_config = ProbeConfig(**config.probe) if config.probe else None
@@ -405,9 +414,6 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
         optimizer = torch.optim.SGD(groups, lr=config.lr, momentum=config.momentum)
     else:
         optimizer = torch.optim.AdamW(groups, lr=config.lr)
-    steps_per_epoch = train_set.steps_per_epoch(config.batch_size, drop_last=True)
-    if steps_per_epoch == 0:
-        raise ConfigError(f"batch_size {config.batch_size} exceeds the {len(train_set)} training images")
     total_steps = config.epochs * steps_per_epoch
     if config.max_steps is not None:
         total_steps = min(total_steps, config.max_steps)
@@ -428,7 +434,17 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
         scheduler=scheduler,
         steps_per_epoch=steps_per_epoch,
         total_steps=total_steps,
+        memory_format=memory_format,
     )
+
+
+def _warmup_in_steps(config: TrainConfig, steps_per_epoch: int) -> dict[str, Any]:
+    """`uncompressed_epochs` as the compression's warmup_steps (rounded), which is what the run records."""
+    if config.uncompressed_epochs is None:
+        return {}
+    steps = round(config.uncompressed_epochs * steps_per_epoch)
+    compression = dataclasses.replace(config.compression, warmup_steps=steps)
+    return {"compression": compression, "uncompressed_epochs": None}
 
 
 def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
@@ -439,7 +455,7 @@ def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
         run.attachment.begin_step(progress.step, epoch_start=progress.batch == 0)
     if run.probe is not None:
         run.probe.begin_step(progress.step, progress.epoch)
-    images, labels = images.to(run.device), labels.to(run.device)
+    images, labels = images.to(run.device, memory_format=run.memory_format), labels.to(run.device)
     buffers = list(run.model.buffers())
     saved_buffers = [buffer.clone() for buffer in buffers]  # a non-finite forward corrupts running statistics
     logits = run.net(images)
@@ -485,7 +501,7 @@ def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
     progress, config = run.progress, run.config
     run.processes.broadcast_buffers(run.model)  # every rank evaluates rank 0's model, which is checkpointed
     test_loss, test_accuracy = evaluate(
-        run.model, run.test_set, config.eval_batch_size, run.device, run.processes
+        run.model, run.test_set, config.eval_batch_size, run.device, run.processes, run.memory_format
     )
     sparsity = run.sparsity()
     best = progress.best_test_accuracy
