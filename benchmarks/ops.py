@@ -2,10 +2,12 @@
 
 CPU (vectorised torch path, 2^22 float32 elements): lognormal threshold + prune vs the kthvalue and sort
 thresholds + prune; quantize_fp vs torch's float8 cast and qtorch's float_quantize (when installed:
-`pip install -e .[bench]`); quantize_int per scheme. CUDA (when present, 16x the elements): every Triton
-kernel's bandwidth against a device-to-device copy, and lognormal threshold + prune and quantize_fp against
-the kthvalue threshold and torch's float8 casts on the GPU. Prints Markdown tables; all figures are ratios
-measured in this run.
+`pip install -e .[bench]`); quantize_int per scheme. CUDA (when present; 2^24 and 2^28 elements): per op
+the launches and host syncs of one call, the host time (until the call returns) and the device time (its
+kernels' durations), and the fraction of a device copy's bandwidth it reaches, with lognormal threshold +
+prune against the torch.topk threshold + prune and quantize_fp against torch's float8 cast. Without a GPU
+and with TRITON_INTERPRET=1, the device path's launches per call (no times). Prints Markdown tables; all
+figures are ratios measured in this run.
 
     python benchmarks/ops.py [--numel 4194304] [--repeats 11] [--device auto|cpu|cuda] [--quick]
 """
@@ -20,9 +22,18 @@ from collections.abc import Callable
 
 import torch
 
-from gradcomp import lognormal_threshold, quantize_fp, quantize_int, stochastic_prune, topk_threshold
+from gradcomp import (
+    log_moments,
+    lognormal_threshold,
+    quantize_fp,
+    quantize_int,
+    stochastic_prune,
+    topk_threshold,
+)
+from gradcomp._backend import interpreter_enabled
 from gradcomp.analysis.synthetic import signed_lognormal
 from gradcomp.analysis.tables import to_markdown
+from gradcomp.profiling import count_work
 
 SPARSITY = 0.85
 
@@ -143,78 +154,124 @@ def cpu_rows(numel: int, repeats: int) -> tuple[list[dict], list[str]]:
     return rows, notes
 
 
-def device_rows(numel: int, repeats: int, device: str) -> list[dict]:
-    """On `device` (CUDA: the Triton kernels): each op's bandwidth against a device-to-device copy, and its
-    time against the baseline it replaces (kthvalue threshold + prune, torch's float8 casts)."""
-    x = signed_lognormal(numel, sigma=2.0, zero_fraction=0.3).to(device)
+def _work(fn: Callable[[], object]):
+    """Launches and syncs of one call (after a warm-up call)."""
+    fn()
+    with count_work() as work:
+        fn()
+    return work
+
+
+def _device_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median device time of one call: the summed durations of its kernels (torch profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    fn()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        for _ in range(repeats):
+            fn()
+        torch.cuda.synchronize()
+    total_us = sum(event.self_device_time_total for event in prof.key_averages())
+    return total_us / repeats / 1e3
+
+
+def _host_ms(fn: Callable[[], object], repeats: int) -> float:
+    """Median time for the call to return on the host (the device works on asynchronously, unless the call
+    waits for it: a host sync)."""
+    samples = []
+    for _ in range(repeats):
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        fn()
+        samples.append((time.perf_counter() - start) * 1e3)
+    torch.cuda.synchronize()
+    return statistics.median(samples)
+
+
+def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Callable[[], object], float, str]]:
+    """(op, call, bytes it must move at least, baseline label): the rows of the device table."""
     x_scaled = x * 2.0 ** round(8 / math.log(2))  # as in cpu_rows
-    alpha = lognormal_threshold(x, SPARSITY)
-    (copy_ms,) = median_ms(lambda: x.clone(), repeats=repeats, device=device)
-    copy_bytes = 2 * x.numel() * x.element_size()
-    label = f"op ({device}, {numel} fp32)"
-    rows = [
-        {
-            label: "device copy",
-            "ms": round(copy_ms, 3),
-            "GB/s": round(copy_bytes / copy_ms / 1e6, 1),
-            "fraction of copy": 1.0,
-            "baseline": "",
-            "baseline ms": "",
-            "speed-up": "",
-        }
-    ]
-    # (op, fn, bytes moved, baseline, baseline fn)
-    ops = [
-        ("stochastic_prune", lambda: stochastic_prune(x, alpha, seed=0), copy_bytes, "", None),
+    alpha = lognormal_threshold(x, SPARSITY, backend)
+    rows = x.view(256, -1)
+    moved = 2 * x.numel() * x.element_size()  # read + write, as a copy
+    read = moved / 2
+    k = max(1, int((1 - SPARSITY) * x.numel()))
+
+    def topk_prune() -> torch.Tensor:  # the exact magnitude at the target quantile by selection
+        return stochastic_prune(x, torch.topk(x.abs().flatten(), k, sorted=False).values.min(), 0, backend)
+
+    return [
+        ("device copy", lambda: x.clone(), moved, ""),
+        ("read-only pass (x.sum())", lambda: x.sum(), read, ""),
+        ("stochastic_prune (tensor alpha)", lambda: stochastic_prune(x, alpha, 0, backend), moved, ""),
+        ("log_moments", lambda: log_moments(x, backend), read, "read-only pass (x.sum())"),
+        ("lognormal_threshold", lambda: lognormal_threshold(x, SPARSITY, backend), read, ""),
         (
             "lognormal_threshold + stochastic_prune",
-            lambda: stochastic_prune(x, lognormal_threshold(x, SPARSITY), seed=0),
-            1.5 * copy_bytes,
-            "kthvalue threshold + prune",
-            lambda: kthvalue_prune(x),
+            lambda: stochastic_prune(x, lognormal_threshold(x, SPARSITY, backend), 0, backend),
+            moved + read,
+            "topk threshold + prune",
         ),
-        ("log_moments (read only)", lambda: lognormal_threshold(x, SPARSITY), copy_bytes / 2, "", None),
-        (
-            "quantize_fp e5m2-inf nearest",
-            lambda: quantize_fp(x_scaled, "e5m2-inf"),
-            copy_bytes,
-            "x.to(float8_e5m2).float()",
-            lambda: x_scaled.to(torch.float8_e5m2).float(),
-        ),
+        ("topk threshold + prune", topk_prune, moved + read, ""),
         (
             "quantize_fp e4m3 nearest",
-            lambda: quantize_fp(x_scaled, "e4m3"),
-            copy_bytes,
-            "x.to(float8_e4m3fn).float()",
-            lambda: x_scaled.to(torch.float8_e4m3fn).float(),
+            lambda: quantize_fp(x_scaled, "e4m3", backend=backend),
+            moved,
+            "float8_e4m3fn cast",
         ),
         (
             "quantize_fp e4m3 stochastic",
-            lambda: quantize_fp(x_scaled, "e4m3", rounding="stochastic", seed=0),
-            copy_bytes,
+            lambda: quantize_fp(x_scaled, "e4m3", rounding="stochastic", seed=0, backend=backend),
+            moved,
             "",
-            None,
         ),
-        (
-            "quantize_int 5-bit psq",
-            lambda: quantize_int(x.view(256, -1), 5, "psq", seed=0),
-            copy_bytes,
-            "",
-            None,
-        ),
+        ("float8_e4m3fn cast", lambda: x_scaled.to(torch.float8_e4m3fn).float(), moved, ""),
+        ("quantize_int 5-bit ptq", lambda: quantize_int(rows, 5, "ptq", 0, backend), moved, ""),
+        ("quantize_int 5-bit psq (256 rows)", lambda: quantize_int(rows, 5, "psq", 0, backend), moved, ""),
+        ("quantize_int 5-bit bhq (256 rows)", lambda: quantize_int(rows, 5, "bhq", 0, backend), moved, ""),
     ]
-    for name, fn, moved, baseline, baseline_fn in ops:
-        fns = (fn, baseline_fn) if baseline_fn else (fn,)
-        ms, *baseline_ms = median_ms(*fns, repeats=repeats, device=device)
+
+
+def device_rows(numel: int, repeats: int) -> list[dict]:
+    """On CUDA: each op's kernel launches and syncs per call, host and device time, and the fraction of a
+    device copy's bandwidth its device time reaches (bytes it must move / device time, against the copy's;
+    read-only ops against a read-only pass), with the baselines in the same run."""
+    x = signed_lognormal(numel, sigma=2.0, zero_fraction=0.3).cuda()
+    ops = _device_ops(x)
+    device = {name: _device_ms(fn, repeats) for name, fn, _, _ in ops}
+    rate = {"copy": ops[0][2] / device["device copy"], "read": ops[1][2] / device["read-only pass (x.sum())"]}
+    rows = []
+    for name, fn, moved, baseline in ops:
+        work = _work(fn)
+        reference = rate["read"] if moved == ops[1][2] else rate["copy"]
         rows.append(
             {
-                label: name,
-                "ms": round(ms, 3),
-                "GB/s": round(moved / ms / 1e6, 1),
-                "fraction of copy": round(copy_ms / ms * moved / copy_bytes, 2),
-                "baseline": baseline,
-                "baseline ms": round(baseline_ms[0], 3) if baseline_ms else "",
-                "speed-up": round(baseline_ms[0] / ms, 2) if baseline_ms else "",
+                f"op (CUDA, 2^{int(math.log2(numel))} fp32)": name,
+                "launches": work.total_launches,
+                "syncs": sum(work.syncs.values()),
+                "host ms": round(_host_ms(fn, repeats), 3),
+                "device ms": round(device[name], 3),
+                "fraction of copy": round(moved / device[name] / reference, 2),
+                "vs baseline": round(device[baseline] / device[name], 2) if baseline in device else "",
+            }
+        )
+    return rows
+
+
+def launch_rows(numel: int) -> list[dict]:
+    """Without a GPU, under the Triton interpreter: the launches and syncs per call of each op's device path
+    (its Triton kernels on CPU tensors), which is what a GPU would run; times are not measured."""
+    x = signed_lognormal(numel, sigma=2.0, zero_fraction=0.3)
+    rows = []
+    for name, fn, _, _ in _device_ops(x, "triton"):
+        work = _work(fn)
+        rows.append(
+            {
+                "op (Triton path, interpreter)": name,
+                "Triton launches": sum(work.launches.values()),
+                "torch ops": sum(work.torch_ops.values()),
+                "syncs": sum(work.syncs.values()),
             }
         )
     return rows
@@ -230,24 +287,29 @@ def main() -> None:
         "--device",
         choices=("auto", "cpu", "cuda"),
         default="auto",
-        help="where the bandwidth table runs: CUDA when available (auto), or forced (cpu: a dry run)",
+        help="the device table: CUDA when available (auto); cpu: launch counts of the Triton path under "
+        "the interpreter (TRITON_INTERPRET=1), no times",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 repeats: checks that it runs")
     args = parser.parse_args()
     if args.quick:
         args.numel, args.repeats = 1 << 16, 3
-    device = ("cuda" if torch.cuda.is_available() else None) if args.device == "auto" else args.device
+    device = ("cuda" if torch.cuda.is_available() else "cpu") if args.device == "auto" else args.device
     print(f"torch {torch.__version__}, {torch.get_num_threads()} CPU threads")
     rows, notes = cpu_rows(args.numel, args.repeats)
     print(to_markdown(rows))
     for note in notes:
         print(f"note: {note}")
-    if device is None:
-        print("\nno CUDA device: Triton kernel bandwidths not measured")
+    if device == "cpu":
+        if not interpreter_enabled():
+            print("\nno CUDA device: run with TRITON_INTERPRET=1 for the launch counts of the device path")
+            return
+        print("\nno CUDA device: launches per call of the device path (Triton interpreter), times unmeasured")
+        print(to_markdown(launch_rows(1 << 16)))
         return
-    if device == "cuda":
-        print(f"\nCUDA: {torch.cuda.get_device_name()}")
-    print(to_markdown(device_rows(args.numel * (1 if args.quick else 16), args.repeats, device)))
+    print(f"\nCUDA: {torch.cuda.get_device_name()}")
+    for log2_numel in (16,) if args.quick else (24, 28):
+        print(to_markdown(device_rows(1 << log2_numel, args.repeats)))
 
 
 if __name__ == "__main__":

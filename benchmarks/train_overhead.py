@@ -8,13 +8,14 @@ shape, e.g. the ImageNet-sized GPU check:
 
 Each arm has its own copy of the same initial model; arms run interleaved, a few steps at a time, and the
 median step time of each is compared with the uncompressed arm (on CUDA each step is timed to its last
-kernel; batches are on the device beforehand). Compression acts on each policy's default layers
+kernel; batches are on the device beforehand; on CUDA the table adds what one step launches and its host
+syncs besides the timing's own). Compression acts on each policy's default layers
 (convolution outputs for prune and fp, plus the classifier for int); the probe is off. On the CPU the
 chunk functions run compiled (the default), and eagerly in the arm that says so (the script sets
 GRADCOMP_COMPILE for each arm's steps).
 
     python benchmarks/train_overhead.py [--rounds 6] [--steps 4] [--batch-size 128] [--device cpu|cuda]
-                                        [--image-size N] [--channels C] [--quick]
+                                        [--image-size N] [--channels C] [--quick] [--launches]
 """
 
 from __future__ import annotations
@@ -28,12 +29,13 @@ import time
 import torch
 from torch import nn
 
-from gradcomp._backend import COMPILE_ENV
+from gradcomp._backend import COMPILE_ENV, interpreter_enabled
 from gradcomp.analysis.tables import to_markdown
 from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split, make_synthetic
 from gradcomp.models import create_model
+from gradcomp.profiling import count_work
 
 ARMS = {  # name: (policy, statistics refresh, CPU chunk functions compiled)
     "uncompressed": None,
@@ -59,6 +61,29 @@ def batches(batch_size: int, image_size: int | None, channels: int | None, devic
     return [(images.to(device), labels.to(device)) for images, labels in chosen], source
 
 
+def _launch_rows(arms: dict, step) -> list[dict]:
+    """What one step of each arm launches (Triton kernels, torch operations, the model's included) and its
+    syncs, and what compression adds to the uncompressed step per compressed layer."""
+    works = {}
+    for name, (model, handle, optimizer, compiled, _) in arms.items():
+        with count_work() as works[name]:
+            step(model, handle, optimizer, 2, compiled)
+    plain = works["uncompressed"].total_launches
+    rows = []
+    for name, (_, handle, *_) in arms.items():
+        work, layers = works[name], len(handle.layers) if handle is not None else 0
+        rows.append(
+            {
+                "arm": name,
+                "launches": work.total_launches,
+                "Triton launches": sum(work.launches.values()),
+                "syncs": sum(work.syncs.values()),
+                "added per compressed layer": round((work.total_launches - plain) / layers, 2) if layers else "",
+            }
+        )
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -71,6 +96,12 @@ def main() -> None:
     parser.add_argument("--image-size", type=int, help="synthetic images of this size (default 32)")
     parser.add_argument("--channels", type=int, help="synthetic images with this many channels (default 3)")
     parser.add_argument("--quick", action="store_true", help="batch 8, 16x16 images, one timed step per arm")
+    parser.add_argument(
+        "--launches",
+        action="store_true",
+        help="count each arm's launches and syncs of one step instead of timing (on CPU with "
+        "TRITON_INTERPRET=1 through the Triton kernels: what the step launches on a GPU)",
+    )
     args = parser.parse_args()
     if args.quick:
         args.rounds, args.steps, args.batch_size = 1, 1, 8
@@ -86,7 +117,8 @@ def main() -> None:
         if cuda and spec and not spec[2]:
             continue  # compiling concerns the CPU path only
         model = copy.deepcopy(base)
-        handle = attach(model, CompressionConfig(spec[0], refresh=spec[1])) if spec else None
+        backend = "triton" if args.launches and interpreter_enabled() else "auto"
+        handle = attach(model, CompressionConfig(spec[0], refresh=spec[1]), backend=backend) if spec else None
         optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
         arms[name] = (model, handle, optimizer, spec[2] if spec else True, [])
 
@@ -109,6 +141,10 @@ def main() -> None:
     for model, handle, optimizer, compiled, _ in arms.values():  # warm-up (and kernel compilation)
         for index in range(2):
             step(model, handle, optimizer, index, compiled)
+    if args.launches:
+        print(f"{args.model}, batch {args.batch_size}, {source} {shape}: one training step")
+        print(to_markdown(_launch_rows(arms, step)))
+        return
     counter = 0
     for _ in range(args.rounds):
         for model, handle, optimizer, compiled, times in arms.values():
@@ -118,15 +154,15 @@ def main() -> None:
 
     baseline = statistics.median(arms["uncompressed"][-1])
     rows = []
-    for name, (*_, times) in arms.items():
+    for name, (model, handle, optimizer, compiled, times) in arms.items():
         median = statistics.median(times)
-        rows.append(
-            {
-                "arm": name,
-                "ms/step": round(median * 1e3, 1),
-                "vs uncompressed": round(median / baseline, 3),
-            }
-        )
+        row = {"arm": name, "ms/step": round(median * 1e3, 1), "vs uncompressed": round(median / baseline, 3)}
+        if cuda:  # what one step launches and where it waits for the device (the CPU path runs compiled)
+            with count_work() as work:
+                step(model, handle, optimizer, counter, compiled)
+            row["launches/step"] = work.total_launches
+            row["syncs/step"] = sum(work.syncs.values())
+        rows.append(row)
     where = torch.cuda.get_device_name() if cuda else f"{torch.get_num_threads()} CPU threads"
     print(
         f"{args.model}, batch {args.batch_size}, {source} {shape}, {where}, "

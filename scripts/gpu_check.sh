@@ -3,10 +3,12 @@
 #   tests           the CUDA test subset (pytest -m cuda): the Triton kernels compiled for the GPU against the
 #                   torch path, bit for bit where deterministic, statistically otherwise; a tensor of more
 #                   than 2^31 elements when the GPU has the memory
-#   ops             benchmarks/ops.py: each kernel's GB/s against a device copy; lognormal threshold + prune
-#                   against the kthvalue threshold; quantize_fp against torch's float8 casts
-#   train_overhead  benchmarks/train_overhead.py: ResNet18 training-step overhead of each policy on CUDA,
-#                   batch 256 of 224x224x3 synthetic images
+#   ops             benchmarks/ops.py: per op the launches and syncs of a call, host and device time and the
+#                   fraction of a device copy's bandwidth (2^24 and 2^28 elements); lognormal threshold + prune
+#                   against the torch.topk threshold + prune; quantize_fp against torch's float8 cast
+#   train_overhead  benchmarks/train_overhead.py: ResNet18 training-step time of each policy against the
+#                   uncompressed step on CUDA, batch 256 of 224x224x3 synthetic images, with launches and
+#                   syncs per step
 #   torchrun        `gradcomp train` under torchrun (NCCL, one process per visible GPU), a few steps
 # Each part has its own time limit and log ($OUT/<part>.log when OUT is set, else a temporary folder); the
 # script ends with one table (part, result, seconds, log) and the benchmark tables, and fails if a part did.
@@ -34,7 +36,7 @@ mkdir -p "$logs"
 # the test files of the kernels, whose tests `pytest -m cuda` selects (the other modules need packages, such as
 # snakemake, that a GPU machine without network may lack)
 kernel_tests=(tests/test_rng.py tests/test_prune.py tests/test_fp_quant.py tests/test_int_quant.py
-    tests/test_large_tensors.py)
+    tests/test_fp_oracle.py tests/test_launch_budget.py tests/test_special.py tests/test_large_tensors.py)
 rows=()
 failed=0
 part() {  # part NAME LIMIT_SECONDS COMMAND...

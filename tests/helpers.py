@@ -97,3 +97,31 @@ def lognormal_gradient(shape, sigma: float = 2.0, mu: float = -6.0, seed: int = 
         flat[: len(specials_list)] = torch.tensor(specials_list)[: flat.numel()]
     return values
 
+
+def kernel_can_hold(values: torch.Tensor) -> torch.Tensor:
+    """Where the kernels see `values` as they are: the Triton interpreter's bfloat16 conversions flush
+    subnormals (compiled kernels do not)."""
+    from gradcomp._backend import interpreter_enabled
+
+    if values.dtype != torch.bfloat16 or not interpreter_enabled():
+        return torch.ones_like(values, dtype=torch.bool)
+    return (values.double().abs() >= 2.0**-126) | (values == 0)
+
+
+def ml_dtype(name: str):
+    """The ml_dtypes type `name`, or a skip that says why: older ml_dtypes lack some (float8_e5m3fnu)."""
+    import ml_dtypes
+    import pytest
+
+    found = getattr(ml_dtypes, name, None)
+    if found is None:
+        pytest.skip(
+            f"ml_dtypes {ml_dtypes.__version__} has no {name}; these tests need ml_dtypes 0.7 or newer"
+        )
+    return found
+
+
+def ml_dtypes_version() -> tuple[int, ...]:
+    import ml_dtypes
+
+    return tuple(int(part) for part in ml_dtypes.__version__.split(".")[:2])

@@ -2,6 +2,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 import torch
+from helpers import ml_dtype
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
@@ -122,7 +123,7 @@ def test_paper_formats_have_their_bit_widths():
 
 def _ml_grid(dtype_name: str) -> torch.Tensor:
     """The distinct finite values of every code of an ml_dtypes type, sorted (+-0 collapse)."""
-    ml_type = getattr(ml_dtypes, dtype_name)
+    ml_type = ml_dtype(dtype_name)
     bits = ml_dtypes.finfo(ml_type).bits
     decoded = np.arange(2**bits, dtype=np.uint8).view(ml_type).astype(np.float64)
     return torch.from_numpy(np.unique(decoded[np.isfinite(decoded)]))
@@ -131,7 +132,7 @@ def _ml_grid(dtype_name: str) -> torch.Tensor:
 @pytest.mark.parametrize("dtype_name", list(DTYPE_FORMATS))
 def test_dtype_formats_have_the_ml_dtypes_grid(dtype_name):
     fmt = DTYPE_FORMATS[dtype_name]
-    info = ml_dtypes.finfo(getattr(ml_dtypes, dtype_name))
+    info = ml_dtypes.finfo(ml_dtype(dtype_name))
     assert torch.equal(fmt.values(), _ml_grid(dtype_name))
     assert fmt.bits == info.bits
     assert (fmt.max_value, fmt.min_normal, fmt.min_subnormal) == (

@@ -6,7 +6,7 @@ import torch
 from helpers import lognormal_gradient
 
 from gradcomp import fp_theory
-from gradcomp.compress import LayerStats, compress, plan
+from gradcomp.compress import GradientCopy, LayerStats, compress, plan
 from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Prune, parse_policy
 
 
@@ -56,12 +56,12 @@ def test_bad_policies_say_what_is_wrong(spec, message):
 def test_prune_policy_refreshes_its_threshold_only_when_asked():
     policy, stats = Prune(0.8), LayerStats()
     g = lognormal_gradient((64, 256), specials=False)
-    out = compress(policy, g, stats, refresh=True, seed=0)
+    out = compress(policy, GradientCopy(g, 0, refresh=True), stats)
     first = stats.threshold.clone()
     assert abs(float((out == 0).double().mean()) - 0.8) < 0.01
-    compress(policy, g * 100, stats, refresh=False, seed=1)
+    compress(policy, GradientCopy(g * 100, 1, refresh=False), stats)
     assert torch.equal(stats.threshold, first)
-    compress(policy, g * 100, stats, refresh=True, seed=1)
+    compress(policy, GradientCopy(g * 100, 1, refresh=True), stats)
     assert torch.allclose(stats.threshold, first * 100, rtol=1e-4)
 
 
@@ -77,7 +77,7 @@ def test_dynamic_loss_scaling_backs_off_on_overflow_and_grows_after_clean_steps(
         scales.append(float(layers[0].scale) if layers[0].scale is not None else None)
         big = large if step == 0 else small
         for g, stats in zip((small, big), layers, strict=True):
-            compress(policy, g, stats, True, seed=step)
+            compress(policy, GradientCopy(g, step, refresh=True), stats)
     assert scales == [None, 2.0**15, 2.0**15, 2.0**16, 2.0**16, 2.0**17]
     assert float(layers[1].scale) == float(layers[0].scale)
     with pytest.raises(ValueError, match="growth_interval"):
@@ -89,11 +89,11 @@ def test_fp_scales():
     mu2 = float(torch.log2(g.abs()).mean())
     sigma2 = float(torch.log2(g.abs()).std())
     stats = LayerStats()
-    compress(FloatingPoint("e4m1", scaling="per_layer_mean"), g, stats, True, 0)
+    compress(FloatingPoint("e4m1", scaling="per_layer_mean"), GradientCopy(g, 0), stats)
     assert float(stats.scale) == 2.0 ** round(-mu2 - 3)
-    compress(FloatingPoint("e4m1", scaling="global", global_scale=2.0**10), g, stats, True, 0)
+    compress(FloatingPoint("e4m1", scaling="global", global_scale=2.0**10), GradientCopy(g, 0), stats)
     assert float(stats.scale) == 2.0**10
-    compress(FloatingPoint("e4m1", scaling="per_layer_optimal"), g, stats, True, 0)
+    compress(FloatingPoint("e4m1", scaling="per_layer_optimal"), GradientCopy(g, 0), stats)
     optimum = (
         fp_theory.optimal_log2_scale(FloatingPoint("e4m1").fmt.positive_values(), sigma2)[0].item() - mu2
     )
@@ -102,26 +102,27 @@ def test_fp_scales():
 
 def test_fp_scale_of_an_all_zero_gradient_is_finite():
     stats = LayerStats()
-    out = compress(FloatingPoint("e4m1"), torch.zeros(10, 10), stats, True, 0)
+    out = compress(FloatingPoint("e4m1"), GradientCopy(torch.zeros(10, 10), 0), stats)
     assert torch.isfinite(stats.scale) and torch.equal(out, torch.zeros(10, 10))
 
 
 def test_integer_weight_path_defaults_follow_the_reference_code():
     g = lognormal_gradient((16, 64), specials=False)
     policy = Integer(bits=2, scheme="psq")
-    act = compress(policy, g, LayerStats(), True, 0)
-    weight = compress(policy, g, LayerStats(), True, 0, weight_path=True)
+    act = compress(policy, GradientCopy(g, 0, refresh=True), LayerStats())
+    weight = compress(policy, GradientCopy(g, 0, refresh=True, weight_path=True), LayerStats())
     assert act.unique().numel() <= 4 * 16  # 2 bits: 4 levels per row
     assert weight.unique().numel() > 4 * 16  # 8-bit per-column quantizer
     assert torch.equal(
-        compress(Integer(2, "psq", weight_scheme="none"), g, LayerStats(), True, 0, weight_path=True), g
+        compress(Integer(2, "psq", weight_scheme="none"), GradientCopy(g, 0, weight_path=True), LayerStats()),
+        g,
     )
 
 
 def test_chain_keeps_separate_statistics():
     policy = parse_policy("prune:sparsity=0.5+fp:format=e3m2")
     stats = LayerStats()
-    out = compress(policy, lognormal_gradient((32, 64), specials=False), stats, True, 0)
+    out = compress(policy, GradientCopy(lognormal_gradient((32, 64), specials=False), 0), stats)
     assert len(stats.parts) == 2 and stats.parts[0].threshold is not None and stats.parts[1].scale is not None
     assert float((out == 0).double().mean()) >= 0.45
 

@@ -1,9 +1,11 @@
-"""Pruning statistics on the reference's population, and heterogeneous sparsity (A9)."""
+"""Pruning statistics on the reference's population, thresholds that hit the target on real gradients, and
+heterogeneous sparsity (A9)."""
 
 import math
 from pathlib import Path
 
 import pytest
+import timm
 import torch
 import yaml
 from helpers import lognormal_gradient
@@ -11,7 +13,7 @@ from torch import nn
 
 from gradcomp import lognormal
 from gradcomp.attachment import attach
-from gradcomp.compress import LayerStats, compress, plan
+from gradcomp.compress import GradientCopy, LayerStats, compress, plan
 from gradcomp.config import resolve_config
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split
 from gradcomp.models import create_model
@@ -37,16 +39,33 @@ def _block_gradients(policy: str):
     return handle, seen["g"], seen["active"], mask
 
 
+def _population(values: torch.Tensor) -> lognormal.Population:
+    log_abs = values[values != 0].abs().double().log()
+    return lognormal.Population(float(log_abs.numel()), float(log_abs.mean()), float(log_abs.std()))
+
+
 def test_fit_uses_exactly_the_entries_with_non_zero_batchnorm_output_gradient():
     handle, g, active, mask = _block_gradients("prune:sparsity=0.85")
     assert torch.equal(active, mask)
-    assert (g[~mask] != 0).float().mean() > 0.9  # BatchNorm's backward leaves small values there
+    assert (g[~mask] != 0).float().mean() > 0.9  # BatchNorm's backward leaves mean corrections there
     stats = handle.layers[0].stats
     log_abs = g[mask].abs().double().log()
     assert float(stats.mu) == pytest.approx(float(log_abs.mean()), abs=1e-5)
     assert float(stats.sigma) == pytest.approx(float(log_abs.std()), rel=1e-3)  # (n - 1) vs n in the std
     s0 = 1 - mask.double().mean()
-    assert float(stats.bn_zero_share) == pytest.approx(float(s0), abs=1e-6)
+    assert float(stats.report("bn_zero_share")) == pytest.approx(float(s0), abs=1e-6)
+    # the threshold is solved for the whole tensor: the masked entries have a lognormal of their own
+    wanted = 0.85 * g.numel() - float((g == 0).sum())
+    log_alpha = lognormal.mixture_log_threshold(
+        _population(g[mask]), _population(g[~mask]), wanted, lognormal._FLOATS
+    )
+    assert float(stats.threshold) == pytest.approx(math.exp(log_alpha), rel=1e-4)
+
+
+def test_the_reference_rule_counts_the_masked_entries_as_zeros():
+    handle, _, _, mask = _block_gradients("prune:sparsity=0.85,fit=reference")
+    stats = handle.layers[0].stats
+    s0 = 1 - mask.double().mean()
     target = (0.85 - s0) / (1 - s0)  # the reference's adjusted target for the fitted part
     alpha_n = lognormal.normalized_threshold(stats.sigma.double(), target)
     assert float(stats.threshold) == pytest.approx(float(alpha_n * torch.exp(stats.mu)), rel=1e-5)
@@ -57,7 +76,7 @@ def test_all_entries_fit_stays_selectable():
     stats = handle.layers[0].stats
     log_abs = g[g != 0].abs().double().log()
     assert float(stats.mu) == pytest.approx(float(log_abs.mean()), abs=1e-5)
-    assert stats.bn_zero_share is None
+    assert handle.layer_summary()[handle.layers[0].name]["bn_zero_share"] is None
 
 
 def test_a_layer_without_batchnorm_or_with_s0_above_the_target_is_fitted_on_all_entries():
@@ -65,33 +84,58 @@ def test_a_layer_without_batchnorm_or_with_s0_above_the_target_is_fitted_on_all_
     model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Conv2d(8, 4, 3))
     handle = attach(model, "prune:sparsity=0.8")
     model(torch.randn(4, 3, 12, 12)).square().sum().backward()
-    assert all(layer.stats.bn_zero_share is None for layer in handle.layers)
+    assert all(layer["bn_zero_share"] is None for layer in handle.layer_summary().values())
     g = torch.randn(1000).double()
     stats = LayerStats()
-    active = torch.arange(1000) < 100  # s0 = 0.9 >= sparsity 0.8
-    compress(Prune(0.8), g, stats, True, 0, active=active)
+    bn_output = (torch.arange(1000) < 100).double()  # s0 = 0.9 >= sparsity 0.8
+    compress(Prune(0.8, fit="reference"), GradientCopy(g, 0, bn_output=bn_output), stats)
     assert float(stats.mu) == pytest.approx(float(g.abs().log().mean()), rel=1e-9)
 
 
-@pytest.mark.skipif(not FASHION_MNIST_SYSTEM_DIR.exists(), reason="Fashion-MNIST (Debian package) missing")
-def test_reference_fit_hits_the_target_on_the_default_model():
-    """Real gradients of the default model after some training: total sparsity within 0.5 points."""
-    torch.manual_seed(0)
-    config = resolve_config(**DEFAULT["train"])
+def _achieved_sparsity(model: nn.Module, policy: str, steps: int = 8) -> list[float]:
+    """The sparsity of each step's compressed gradients in a plain training loop (Fashion-MNIST)."""
     data = load_split("fashion-mnist", None, True, subset_per_class=32)
-    model = create_model(config.model, 10, data.in_chans, data.image_size, config.stem, **config.model_kwargs)
     images, labels = data.images.float() / 255, data.labels
     optimizer = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    for step in range(10):  # past the zero-initialised residual BatchNorms' degenerate first steps
+    handle = attach(model, policy)
+    achieved = []
+    for step in range(steps):
         batch = slice(32 * step % 320, 32 * step % 320 + 32)
         optimizer.zero_grad()
+        handle.reset_counts()
         nn.functional.cross_entropy(model(images[batch]), labels[batch]).backward()
         optimizer.step()
-    handle = attach(model, "prune:sparsity=0.85")
-    nn.functional.cross_entropy(model(images[:64]), labels[:64]).backward()
-    summary = handle.layer_summary()
-    assert all(0.2 < layer["bn_zero_share"] < 0.85 for layer in summary.values())
-    assert handle.sparsity() == pytest.approx(0.85, abs=0.005)
+        achieved.append(handle.sparsity())
+    return achieved
+
+
+@pytest.mark.skipif(not FASHION_MNIST_SYSTEM_DIR.exists(), reason="Fashion-MNIST (Debian package) missing")
+@pytest.mark.parametrize("target", [0.5, 0.85, 0.95])
+def test_the_threshold_hits_the_target_on_the_default_model(target):
+    """Real gradients of the default model: every step's sparsity within 1 point of the target, after the
+    first steps (zero-initialised residual BatchNorms make them degenerate)."""
+    torch.manual_seed(0)
+    config = resolve_config(**DEFAULT["train"])
+    model = create_model(config.model, 10, 1, 28, config.stem, **config.model_kwargs)
+    achieved = _achieved_sparsity(model, f"prune:sparsity={target}")
+    assert all(value == pytest.approx(target, abs=0.01) for value in achieved[2:]), achieved
+
+
+@pytest.mark.skipif(not FASHION_MNIST_SYSTEM_DIR.exists(), reason="Fashion-MNIST (Debian package) missing")
+def test_the_threshold_hits_the_target_in_a_users_loop_on_stock_timm_resnet18():
+    """timm's resnet18 as it comes (28x28 inputs, one channel): the masked entries are BatchNorm mean
+    corrections as large as the rest, which the reference rule counts as zeros (it falls far short of the
+    target); the default solves for the whole tensor and lands within 2 points (what is left is the
+    lognormal model's own error on these gradients: each part's expected zeros at the threshold are off by
+    up to a few points in either direction)."""
+    torch.manual_seed(0)
+    model = timm.create_model("resnet18", num_classes=10, in_chans=1)
+    default = _achieved_sparsity(model, "prune:sparsity=0.5", steps=5)
+    torch.manual_seed(0)
+    reference = _achieved_sparsity(timm.create_model("resnet18", num_classes=10, in_chans=1),
+                                   "prune:sparsity=0.5,fit=reference", steps=5)  # fmt: skip
+    assert all(value == pytest.approx(0.5, abs=0.02) for value in default[1:]), default
+    assert all(value < 0.47 for value in reference[1:]), reference
 
 
 def _synthetic_layers(seed: int):
@@ -109,7 +153,7 @@ def test_heterogeneous_pruning_hits_the_overall_target_and_keeps_every_cosine():
     for step in range(3):  # the allocation uses the previous step's fits, as in training
         plan(policy, layers, refresh=True)
         outputs = [
-            compress(policy, g, stats, True, seed=step)
+            compress(policy, GradientCopy(g, step), stats)
             for g, stats in zip(_synthetic_layers(step), layers, strict=True)
         ]
     zeros = sum(int((out == 0).sum()) for out in outputs)
@@ -133,7 +177,7 @@ def test_infeasible_cosine_leaves_every_layer_at_its_limit():
     for step in range(2):
         plan(policy, layers, refresh=True)
         outputs = [
-            compress(policy, g, stats, True, seed=step)
+            compress(policy, GradientCopy(g, step), stats)
             for g, stats in zip(_synthetic_layers(step), layers, strict=True)
         ]
     assert all(stats.target == pytest.approx(0.999) for stats in layers)

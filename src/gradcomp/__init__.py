@@ -40,6 +40,8 @@ _EXPORTS = {
     "PAPER_FORMATS": "gradcomp.formats",
     "FPFormat": "gradcomp.formats",
     "parse_format": "gradcomp.formats",
+    "count_work": "gradcomp.profiling",
+    "fit_statistics": "gradcomp.ops",
     "gaussian_threshold": "gradcomp.ops",
     "laplace_threshold": "gradcomp.ops",
     "log_moments": "gradcomp.ops",
@@ -72,6 +74,8 @@ __all__ = [
     "Policy",
     "Prune",
     "attach",
+    "count_work",
+    "fit_statistics",
     "gaussian_threshold",
     "laplace_threshold",
     "log_moments",
@@ -105,6 +109,7 @@ if TYPE_CHECKING:
         parse_format,
     )
     from gradcomp.ops import (
+        fit_statistics,
         gaussian_threshold,
         laplace_threshold,
         log_moments,
@@ -124,6 +129,7 @@ if TYPE_CHECKING:
         Prune,
         parse_policy,
     )
+    from gradcomp.profiling import count_work
 
 
 def __getattr__(name: str) -> Any:

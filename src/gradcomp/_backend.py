@@ -12,6 +12,8 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from gradcomp.profiling import counting
+
 Backend = Literal["auto", "torch", "triton"]
 KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
@@ -116,7 +118,7 @@ class CpuCompiled:
     """A chunk function of an op's torch implementation that runs, on CPU tensors, as compiled by
     `torch.compile` (inductor's C++ code: one fused loop instead of a dozen passes over memory, which is what
     makes every-step compression cheap on CPUs). It is the same function: the eager call is its oracle and
-    the fallback, used where GRADCOMP_COMPILE=0 and for other devices.
+    the fallback, used where GRADCOMP_COMPILE=0, for other devices and inside `count_work`.
 
     A compiled call that fails is retried eagerly. If the eager call fails too, the inputs are at fault: its
     error is raised and compiling stays on. If it succeeds, the compiler is missing or cannot handle these
@@ -132,7 +134,8 @@ class CpuCompiled:
 
     def __call__(self, first: Tensor, *args) -> Tensor:
         signature = tuple(arg.dtype for arg in (first, *args) if isinstance(arg, Tensor))
-        if first.device.type != "cpu" or not compile_enabled() or signature in self.eager_signatures:
+        eager = first.device.type != "cpu" or not compile_enabled() or counting()
+        if eager or signature in self.eager_signatures:
             return self.fn(first, *args)
         try:
             if self.compiled is None:

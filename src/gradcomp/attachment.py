@@ -33,6 +33,7 @@ from (seed, step, layer, stream), so compression never draws from torch's global
 from __future__ import annotations
 
 import fnmatch
+import math
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -41,9 +42,10 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
-from gradcomp.compress import LayerStats, compress, plan
+from gradcomp._backend import Backend
+from gradcomp.compress import GradientCopy, LayerStats, compress, plan
 from gradcomp.config import CompressionConfig
-from gradcomp.policies import Chain, FloatingPoint, Integer, Policy
+from gradcomp.policies import Chain, Policy
 from gradcomp.rng import mix32
 
 LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
@@ -67,19 +69,20 @@ class LayerState:
     refresh: bool = True
     fitted: bool = False  # refreshed in the last step: its fit is checked when the next one begins
     backwards: int = 0  # backward passes through the layer in this step
-    zeros: Tensor | None = None  # zeros in the compressed gradient (on device, no sync)
+    zeros: Tensor | None = None  # int64 count of zeros in the compressed gradients (on device, no sync)
     numel: int = 0
     output: Callable[[], Tensor | None] = lambda: None  # weak reference to the last compressed output
-    active: Tensor | None = None  # non-zeros of the following BatchNorm's output gradient, this backward
+    bn_output: Tensor | None = None  # the following BatchNorm's output gradient, this backward
 
 
 class Attachment:
     """Handle returned by `attach`: counts steps and refreshes statistics on the schedule, reports them
     (`sparsity`, `layer_summary`), calls step hooks, and detaches (`detach`, or leaving a `with` block)."""
 
-    def __init__(self, config: CompressionConfig, seed: int) -> None:
+    def __init__(self, config: CompressionConfig, seed: int, backend: Backend = "auto") -> None:
         self.config = config
         self.seed = seed
+        self.backend = backend
         self.layers: list[LayerState] = []
         self.observers: list[GradientObserver] = []
         self.step = 0
@@ -150,7 +153,7 @@ class Attachment:
             layer.fitted = False
         if due:  # every layer refreshes anyway
             return
-        checks = [(layer, values) for layer in fitted if (values := layer.stats.fit())]
+        checks = [(layer, values) for layer in fitted if (values := layer.stats.fitted_values())]
         if not checks:
             return
         device = checks[0][1][0].device
@@ -199,11 +202,15 @@ class Attachment:
 
     def compress(self, layer: LayerState, g: Tensor, weight_path: bool = False, count: bool = True) -> Tensor:
         """The compressed gradient for one GEMM of `layer` (the weight-gradient one when weight_path)."""
-        active = layer.active if layer.active is not None and layer.active.shape == g.shape else None
+        bn_output = (
+            layer.bn_output if layer.bn_output is not None and layer.bn_output.shape == g.shape else None
+        )
         if not weight_path:
-            layer.active = None  # this backward's mask is used once
-            for observe in self.observers:
-                observe(layer.name, g, active)
+            layer.bn_output = None  # this backward's is used once
+            if self.observers:
+                active = None if bn_output is None else bn_output != 0
+                for observe in self.observers:
+                    observe(layer.name, g, active)
         if count:  # once per layer and backward pass
             layer.backwards += 1
             if layer.backwards == 2 and self._driven < 2:
@@ -215,13 +222,22 @@ class Attachment:
             self._backward = True
         if not self.active:
             return g
-        seed = self._seed(layer, 1 if weight_path else 0)
-        out = compress(self.policy, g, layer.stats, layer.refresh, seed, weight_path, active)
+        if count and layer.zeros is None:
+            layer.zeros = torch.zeros((), dtype=torch.int64, device=g.device)
+        copy = GradientCopy(
+            g,
+            self._seed(layer, 1 if weight_path else 0),
+            refresh=layer.refresh,
+            weight_path=weight_path,
+            bn_output=bn_output,
+            zeros=layer.zeros if count else None,
+            layer=layer.name,
+            backend=self.backend,
+        )
+        out = compress(self.policy, copy, layer.stats)
         if count:
             layer.fitted = layer.fitted or layer.refresh
             layer.refresh = False
-            zeros = _count_zeros(out)
-            layer.zeros = zeros if layer.zeros is None else layer.zeros + zeros
             layer.numel += out.numel()
         return out
 
@@ -276,7 +292,7 @@ class Attachment:
             "backward": self._backward,
             "layers": {
                 layer.name: {
-                    "stats": _stats_to_dict(layer.stats),
+                    "stats": layer.stats.state(),
                     "refresh": layer.refresh,
                     "zeros": layer.zeros,
                     "numel": layer.numel,
@@ -290,7 +306,7 @@ class Attachment:
         for layer in self.layers:
             saved = state["layers"].get(layer.name)
             if saved is not None:
-                layer.stats = _stats_from_dict(saved["stats"])
+                layer.stats = LayerStats.from_state(saved["stats"])
                 layer.refresh, layer.zeros, layer.numel = saved["refresh"], saved["zeros"], saved["numel"]
 
     def detach(self) -> None:
@@ -299,68 +315,16 @@ class Attachment:
             self._undo.pop()()
 
 
-def _count_zeros(x: Tensor) -> Tensor:
-    """Exact zeros in x (NaN is not one), on x's device without a host sync. A 0.0/1.0 float mask sums
-    three times faster than count_nonzero counts on CPUs; float32 sums of it are exact below 2^24."""
-    flat = x.detach().reshape(-1)
-    zero = torch.eq(flat, 0, out=torch.empty(flat.shape, device=flat.device))
-    return torch.stack([piece.sum() for piece in zero.split(1 << 24)]).double().sum()
-
-
-def _scalar(value: Tensor | None) -> float | None:
-    return None if value is None else float(value)
-
-
 def _statistics(policy: Policy, stats: LayerStats) -> dict[str, object]:
-    """The reported statistics of one (non-chain) policy's layer state."""
-    return {
-        "mu": _scalar(stats.mu),
-        "sigma": _scalar(stats.sigma),
-        "threshold": _scalar(stats.threshold),
-        "scale": _scalar(stats.scale),
-        "bn_zero_share": _scalar(stats.bn_zero_share),
-        "truncation": _scalar(stats.truncation),
-        "allocated": stats.target,
-        "cosine": _scalar(stats.cosine),
-        "format": policy.format if isinstance(policy, FloatingPoint) else None,
-        "range": _scalar(stats.range),
-        "bins": 2**policy.bits - 1 if isinstance(policy, Integer) else None,
-    }
+    """The statistics one (non-chain) policy reports for a layer, as numbers (None where unknown: before
+    any refresh, NaN, e.g. the BatchNorm share of a layer without a following BatchNorm)."""
+    values = {name: _number(stats.report(name)) for name in policy.reports}
+    return {**values, **policy.constants}
 
 
-# statistics added after the first checkpoints were written (absent from those: the defaults)
-_EXTRA_STATS = (
-    "bn_zero_share",
-    "numel",
-    "truncation",
-    "target",
-    "cosine",
-    "overflow",
-    "clean_steps",
-    "range",
-)
-
-
-def _stats_to_dict(stats: LayerStats) -> dict:
-    return {
-        "mu": stats.mu,
-        "sigma": stats.sigma,
-        "threshold": stats.threshold,
-        "scale": stats.scale,
-        **{key: getattr(stats, key) for key in _EXTRA_STATS},
-        "parts": [_stats_to_dict(part) for part in stats.parts],
-    }
-
-
-def _stats_from_dict(state: dict) -> LayerStats:
-    return LayerStats(
-        mu=state["mu"],
-        sigma=state["sigma"],
-        threshold=state["threshold"],
-        scale=state["scale"],
-        **{key: state[key] for key in _EXTRA_STATS if key in state},
-        parts=[_stats_from_dict(part) for part in state["parts"]],
-    )
+def _number(value: Tensor | float | None) -> float | None:
+    number = None if value is None else float(value)
+    return None if number is None or math.isnan(number) else number
 
 
 class _LayerIdentity(torch.autograd.Function):
@@ -390,7 +354,7 @@ class _RecordActive(_LayerIdentity):
     @staticmethod
     def backward(ctx, g: Tensor):
         if ctx.attachment.tracks_bn_output:
-            ctx.layer.active = g != 0
+            ctx.layer.bn_output = g  # read by the layer's compression (no copy, no launch)
         return g, None, None
 
 
@@ -452,18 +416,22 @@ def select_layers(
     return chosen
 
 
-def attach(model: nn.Module, config: CompressionConfig | Policy | str, seed: int = 0) -> Attachment:
+def attach(
+    model: nn.Module, config: CompressionConfig | Policy | str, seed: int = 0, backend: Backend = "auto"
+) -> Attachment:
     """Compress the neural gradients of the layers of `model` that `config` selects (see the module doc);
     a policy (or policy string) alone compresses at its own placement, refreshing statistics every step.
     Attach before wrapping the model (DistributedDataParallel, torch.compile). The returned `Attachment`
     counts the steps itself (or follows `begin_step`), reports statistics and detaches, also as a context
     manager: ``with attach(model, "prune:sparsity=0.85") as handle: ...``.
 
-    `seed` keys the random bits: each element's depend on (seed, step, layer, stream) only.
+    `seed` keys the random bits: each element's depend on (seed, step, layer, stream) only. `backend` chooses
+    the ops' implementation ("auto": the Triton kernels on CUDA; "triton" forces them, e.g. on CPU tensors
+    under TRITON_INTERPRET=1 to count their launches; "torch").
     """
     if not isinstance(config, CompressionConfig):
         config = CompressionConfig(policy=config)
-    attachment = Attachment(config, seed)
+    attachment = Attachment(config, seed, backend)
     attachment._undo.append(model.register_forward_pre_hook(attachment._auto_step).remove)
     for index, (name, module) in enumerate(
         select_layers(model, config.types, config.include, config.exclude)

@@ -1,69 +1,123 @@
 """How each policy compresses a layer's neural gradient: the torch side of `gradcomp.policies`.
 
-`compress(policy, g, stats, refresh, seed, active=...)` returns the compressed gradient; `active` marks the
-entries whose gradient at the following BatchNorm's output is non-zero, where the attachment knows it
-(`Policy.uses_bn_output`). Per-layer statistics live in a
-`LayerStats` (0-d tensors on the gradient's device): they are refreshed from the current gradient when
-`refresh` says so (the attachment's schedule: every step, every K steps or once per epoch) and reused
-otherwise, so compression never synchronises with the host.
+`compress(policy, copy, stats)` returns the compressed gradient of one `GradientCopy` (the gradient, the
+random seed, which GEMM's copy it is, the following BatchNorm's output gradient where the attachment knows
+it). Per-layer statistics live in a `LayerStats` (tensors on the gradient's device): they are refreshed from
+the current gradient when the copy says so (the attachment's schedule: every step, every K steps or once per
+epoch) and reused otherwise. On CUDA a layer's work per step is a few kernel launches and never a host
+sync: prune and fp with statistics refreshed every step take the fit (two launches: one pass over the
+gradient, one tiny program for the solve) and the op (one launch, the zero count for the reported sparsity
+fused in).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 from torch import Tensor
 
 from gradcomp import fp_theory
+from gradcomp._backend import Backend
 from gradcomp.formats import FPFormat
 from gradcomp.lognormal import cosine_threshold, expected_sparsity, fit_lognormal, truncation_k
 from gradcomp.ops import (
     gaussian_threshold,
     laplace_threshold,
-    log_moments,
-    lognormal_threshold_from_moments,
     quantize_fp,
     quantize_int,
     stochastic_prune,
     topk_threshold,
 )
+from gradcomp.ops.int_quant import quantize_columns
+from gradcomp.ops.stats import FIT_FIELDS, add_zero_count, fit_statistics, log2_scale
 from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Policy, Prune
 
 _LN2 = math.log(2.0)
+CHAIN_SEED_STRIDE = 7919  # member k of a chain draws its random bits from seed + k * CHAIN_SEED_STRIDE
+FIT_RULES = {"bn_nonzero": "mixture", "reference": "reference", "all": "all"}  # Prune.fit -> fit_statistics
+
+
+def chain_seed(seed: int, member: int) -> int:
+    """The seed of a chain's member `member` (0 for the first) when the chain's seed is `seed`."""
+    return seed + CHAIN_SEED_STRIDE * member
+
+
+@dataclass(frozen=True)
+class GradientCopy:
+    """What a compressor receives: one copy of a layer's output gradient and how to treat it."""
+
+    g: Tensor
+    seed: int
+    refresh: bool = True  # fit the statistics on this gradient (else reuse the layer's last ones)
+    weight_path: bool = False  # the copy fed to the weight-gradient GEMM (differs for two-stream policies)
+    bn_output: Tensor | None = None  # the gradient at the following BatchNorm's output, if known
+    zeros: Tensor | None = None  # int64 counter to which the compressed gradient's zeros are added
+    layer: str = ""  # the layer's name (per-group settings)
+    backend: Backend = "auto"
 
 
 @dataclass
 class LayerStats:
-    """What a layer's compressor remembers between refreshes (0-d tensors on the gradient's device)."""
+    """What a layer's compressor remembers between refreshes (tensors on the gradient's device)."""
 
-    mu: Tensor | None = None  # mean of ln|g| over non-zeros
-    sigma: Tensor | None = None  # std of ln|g|
+    fit: Tensor | None = None  # float64 over FIT_FIELDS (mu, sigma of ln|g|, ...) from the last refresh
+    moments: Tensor | None = None  # the log_moments the fit came from
     threshold: Tensor | None = None  # pruning alpha
-    scale: Tensor | None = None  # FP scale (a power of two)
-    bn_zero_share: Tensor | None = None  # s0 of the reference fit: zeros at the next BatchNorm's output
+    scale: Tensor | float | None = None  # FP scale (a power of two)
     numel: int = 0  # elements of the last compressed gradient
-    # heterogeneous pruning (Prune.min_cosine)
+    # heterogeneous pruning (Prune.min_cosine, cosine_groups)
+    min_cosine: float | None = None  # this layer's cosine limit
     truncation: Tensor | None = None  # k of the truncated cosine, at the last fit
     target: float | None = None  # the common sparsity allocated by `plan`, before the layer's cosine limit
     cosine: Tensor | None = None  # measured cosine between pruned and original gradient, last step
     # dynamic loss scaling (FloatingPoint scaling="dynamic"): the shared scale's state, copied in every layer
     overflow: Tensor | None = None  # whether this layer's scaled gradient exceeded the format this step
-    clean_steps: int = 0  # steps since the scale last changed without an overflow
+    clean_steps: Tensor | None = None  # steps since the scale last changed without an overflow
     range: Tensor | None = None  # integer quantizers: max - min of the gradient, what PTQ's bins span
     parts: list[LayerStats] = field(default_factory=list)  # one per member of a chain
 
-    def fit(self) -> list[Tensor]:
-        """The fitted values of this layer and of each chain member (what a refresh sets from the gradient):
-        one of them non-finite means the gradient had nothing to fit (e.g. all zeros)."""
-        values = [self.mu, self.sigma, self.threshold, self.scale, self.range]
-        return [v for v in values if v is not None] + [v for part in self.parts for v in part.fit()]
+    @property
+    def mu(self) -> Tensor | None:
+        return self.report("mu")
+
+    @property
+    def sigma(self) -> Tensor | None:
+        return self.report("sigma")
+
+    def report(self, name: str) -> Tensor | float | None:
+        """A reported statistic: a field of the fit, "allocated" (heterogeneous pruning's common sparsity)
+        or an attribute."""
+        if name in ("mu", "sigma", "bn_zero_share"):
+            return None if self.fit is None else self.fit[FIT_FIELDS.index(name)]
+        return self.target if name == "allocated" else getattr(self, name)
+
+    def fitted_values(self) -> list[Tensor]:
+        """The values of this layer and of each chain member that a refresh sets from the gradient: one of
+        them non-finite means the gradient had nothing to fit (e.g. all zeros)."""
+        own = [self.report(name) for name in ("mu", "sigma", "threshold", "scale", "range")]
+        tensors = [value for value in own if isinstance(value, Tensor)]
+        return tensors + [value for part in self.parts for value in part.fitted_values()]
+
+    def state(self) -> dict[str, Any]:
+        """Every field, for checkpoints (`from_state` reads it back)."""
+        values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
+        return {**values, "parts": [part.state() for part in self.parts]}
+
+    @classmethod
+    def from_state(cls, state: dict[str, Any]) -> LayerStats:
+        """A checkpoint's statistics; fields it lacks (older versions) take their defaults."""
+        known = {f.name for f in dataclasses.fields(cls)} - {"parts"}
+        values = {key: value for key, value in state.items() if key in known}
+        return cls(**values, parts=[cls.from_state(part) for part in state.get("parts", [])])
 
 
-Compressor = Callable[[Policy, Tensor, LayerStats, bool, int, bool, Tensor | None], Tensor]
+Compressor = Callable[[Policy, GradientCopy, LayerStats], Tensor]
 Planner = Callable[[Policy, list[LayerStats], bool], None]
 _COMPRESSORS: dict[type[Policy], Compressor] = {}
 _PLANNERS: dict[type[Policy], Planner] = {}
@@ -86,113 +140,93 @@ def plan(policy: Policy, layers: list[LayerStats], refresh: bool) -> None:
         planner(policy, layers, refresh)
 
 
-def compress(
-    policy: Policy,
-    g: Tensor,
-    stats: LayerStats,
-    refresh: bool,
-    seed: int,
-    weight_path: bool = False,
-    active: Tensor | None = None,
-) -> Tensor:
-    """`policy` applied to the gradient `g`; `weight_path`: the copy fed to the weight-gradient GEMM (the
-    same as the activation path's unless the policy has two streams); `active`: a boolean mask of g's
-    shape, the non-zeros of the gradient at the following BatchNorm's output (None: no such BatchNorm)."""
-    return _COMPRESSORS[type(policy)](policy, g, stats, refresh, seed, weight_path, active)
-
-
-def _refresh_log_stats(g: Tensor, stats: LayerStats) -> Tensor:
-    """Fit (mu, sigma) of ln|g| from one fused reduction; returns the moments."""
-    moments = log_moments(g.detach())
-    stats.mu, stats.sigma = fit_lognormal(moments)
-    return moments
+def compress(policy: Policy, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    """`policy` applied to the gradient copy, with and into the layer's statistics."""
+    return _COMPRESSORS[type(policy)](policy, copy, stats)
 
 
 @_implements(NoCompression)
-def _none(policy, g, stats, refresh, seed, weight_path, active):
-    return g
+def _none(policy: NoCompression, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    return add_zero_count(copy.g, copy.zeros)
 
 
 THRESHOLDS = {"gaussian": gaussian_threshold, "laplace": laplace_threshold, "topk": topk_threshold}
 
 
 @_implements(Prune)
-def _prune(policy: Prune, g, stats, refresh, seed, weight_path, active):
-    if refresh or stats.threshold is None:
-        fitted = g.detach()
-        if policy.fit == "bn_nonzero" and active is not None:
-            # entries with a zero BatchNorm-output gradient count as zeros: the fit sees the rest, and the
-            # thresholds below aim the fitted part at (sparsity - s0)/(1 - s0); where s0 >= sparsity that
-            # would prune nothing at all (the reference's choice), so the fit takes every entry instead
-            stats.bn_zero_share = 1 - active.sum(dtype=torch.float32) / active.numel()
-            fitted = fitted * (active | (stats.bn_zero_share >= policy.sparsity))
-        else:
-            stats.bn_zero_share = None
+def _prune(policy: Prune, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    g = copy.g
+    if copy.refresh or stats.threshold is None:
         stats.numel = g.numel()
-        moments = _refresh_log_stats(fitted, stats)
+        mask = copy.bn_output if policy.uses_bn_output else None
         if policy.estimator == "lognormal":
             sparsity = policy.sparsity if stats.target is None else stats.target
-            threshold = lognormal_threshold_from_moments(moments, g.numel(), sparsity)
-            if policy.min_cosine is not None:
-                stats.truncation = _truncation(policy, fitted, moments, stats)
-                alpha_n = cosine_threshold(stats.sigma, policy.min_cosine, stats.truncation)
-                threshold = torch.fmin(threshold, alpha_n * torch.exp(stats.mu))  # NaN: no constraint
-            stats.threshold = threshold.float()
-        else:
-            stats.threshold = THRESHOLDS[policy.estimator](fitted, policy.sparsity).float()
-    out = stochastic_prune(g, stats.threshold, seed=seed)
-    if policy.min_cosine is not None:
+            rule = FIT_RULES[policy.fit]
+            stats.moments, stats.fit, _ = fit_statistics(g, mask, sparsity, rule, backend=copy.backend)
+            stats.threshold = stats.fit[3]
+            stats.min_cosine = policy.cosine_limit(copy.layer) if policy.heterogeneous else None
+            if stats.min_cosine is not None:
+                stats.threshold = _cosine_capped_threshold(policy, g, mask, stats)
+        else:  # the baselines model every entry; the fit is reported
+            stats.moments, stats.fit, _ = fit_statistics(g, backend=copy.backend)
+            stats.threshold = THRESHOLDS[policy.estimator](g, policy.sparsity)
+    out = stochastic_prune(g, stats.threshold, copy.seed, copy.backend, count_zeros_into=copy.zeros)
+    if stats.min_cosine is not None:
         stats.cosine = torch.nn.functional.cosine_similarity(
             g.detach().flatten().double(), out.detach().flatten().double(), dim=0
         )
     return out
 
 
-def _truncation(policy: Prune, fitted: Tensor, moments: Tensor, stats: LayerStats) -> Tensor:
+def _cosine_capped_threshold(policy: Prune, g: Tensor, mask: Tensor | None, stats: LayerStats) -> Tensor:
+    """The threshold at the allocated sparsity, lowered where the layer's predicted cosine would fall below
+    its limit (NaN fits: no constraint)."""
+    mu, sigma = stats.fit[0], stats.fit[1]
+    stats.truncation = _truncation(policy, g, mask, stats)
+    alpha_n = cosine_threshold(sigma, stats.min_cosine, stats.truncation)
+    return torch.fmin(stats.threshold, alpha_n * torch.exp(mu))
+
+
+def _truncation(policy: Prune, g: Tensor, mask: Tensor | None, stats: LayerStats) -> Tensor:
     """k of the truncated cosine: the policy's, or the reference's per-layer standardised N/300-th largest
-    ln|g| over the fitted non-zeros."""
+    ln|g| over the fitted non-zeros (N: their count, read on the host)."""
     if policy.truncation is not None:
-        return torch.tensor(policy.truncation, dtype=torch.float64, device=fitted.device)
+        return torch.tensor(policy.truncation, dtype=torch.float64, device=g.device)
+    fitted = g.detach() if mask is None or policy.fit == "all" else g.detach() * (mask != 0)
     magnitude = fitted.abs().flatten().nan_to_num(nan=0.0, posinf=0.0)
-    count = int(moments[0])
-    if count < 2:
-        return torch.tensor(math.nan, dtype=torch.float64, device=fitted.device)
-    return truncation_k(magnitude[magnitude > 0].double().log(), stats.mu, stats.sigma)
+    values = magnitude[magnitude > 0]
+    if values.numel() < 2:
+        return torch.tensor(math.nan, dtype=torch.float64, device=g.device)
+    return truncation_k(values.double().log(), stats.fit[0], stats.fit[1])
 
 
 def _allocate(policy: Prune, layers: list[LayerStats], refresh: bool) -> None:
     """Heterogeneous pruning: the common sparsity q with sum_l n_l min(q, Q_l) = sparsity * sum_l n_l, where
-    Q_l = s0 + (1 - s0) S(alpha_c) is the layer's sparsity at its min_cosine threshold (last fit); layers
-    without a fit count at the target. q by bisection (the sum increases with q); capped below 1."""
-    if policy.min_cosine is None or not refresh:
+    Q_l is the layer's expected sparsity at its cosine-limited threshold (its last fit, both parts of the
+    mixture where it has them), at most `max_sparsity`; layers without a limit are capped there only, and
+    layers without a fit count at the target. q by bisection (the sum increases with q). One host sync."""
+    if not policy.heterogeneous or not refresh:
         return
+    cap = _MAX_ALLOCATED if policy.max_sparsity is None else policy.max_sparsity
     sizes = [max(stats.numel, 1) for stats in layers]
-    limits = [policy.sparsity] * len(layers)
+    limits = [cap if stats.min_cosine is None else policy.sparsity for stats in layers]
     fitted = [
         i
         for i, stats in enumerate(layers)
-        if stats.sigma is not None and stats.truncation is not None and stats.numel > 0
+        if stats.min_cosine is not None and stats.fit is not None and stats.truncation is not None
     ]
-    if fitted:  # one batched solve over the layers (one host sync), not one per layer
-        sigma = torch.stack([layers[i].sigma.double() for i in fitted]).cpu()
-        k = torch.stack([layers[i].truncation.double() for i in fitted]).cpu()
-        shares = [layers[i].bn_zero_share for i in fitted]
-        s0 = torch.tensor([0.0 if s is None else float(s) for s in shares], dtype=torch.float64)
-        usable = torch.isfinite(sigma) & torch.isfinite(k)
-        sigma, k = sigma.where(usable, 1.0), k.where(usable, 0.0)
-        alpha_n = cosine_threshold(sigma, policy.min_cosine, k)
-        limit = s0 + (1 - s0) * expected_sparsity(torch.log(alpha_n), sigma)
-        for i, ok, value in zip(fitted, usable.tolist(), limit.tolist(), strict=True):
-            if ok:
-                limits[i] = value
+    if fitted:  # one batched solve over the layers, not one per layer
+        for i, value in zip(fitted, _cosine_limited_sparsity([layers[i] for i in fitted]), strict=True):
+            if math.isfinite(value):
+                limits[i] = min(value, cap)
     total = sum(sizes)
 
     def overall(q: float) -> float:
         return sum(n * min(q, limit) for n, limit in zip(sizes, limits, strict=True)) / total
 
-    lo, hi = policy.sparsity, _MAX_ALLOCATED
+    lo, hi = policy.sparsity, cap
     if overall(hi) <= policy.sparsity:
-        q = hi  # the cosine limits leave the target out of reach: every layer at its limit
+        q = hi  # the limits leave the target out of reach: every layer at its limit
     else:
         for _ in range(50):
             mid = (lo + hi) / 2
@@ -202,34 +236,71 @@ def _allocate(policy: Prune, layers: list[LayerStats], refresh: bool) -> None:
         stats.target = q
 
 
-_MAX_ALLOCATED = 0.999  # the largest sparsity heterogeneous pruning gives a layer
+def _cosine_limited_sparsity(layers: list[LayerStats]) -> list[float]:
+    """Each layer's expected sparsity at the threshold where its predicted cosine meets its limit: the
+    zeros it has plus each fitted part's expected new zeros (the unmasked part's lognormal and, where the
+    mixture rule fitted them, the masked part's)."""
+    fit = torch.stack([stats.fit for stats in layers]).cpu()
+    moments = torch.stack([_two_parts(stats.moments) for stats in layers]).cpu()  # (L, 2, 4)
+    k = torch.stack([stats.truncation.double() for stats in layers]).cpu()
+    cosine = torch.tensor([stats.min_cosine for stats in layers], dtype=torch.float64)
+    mu, sigma = fit[:, 0], fit[:, 1]
+    usable = torch.isfinite(mu) & torch.isfinite(sigma) & torch.isfinite(k)
+    sigma, k, mu = sigma.where(usable, 1.0), k.where(usable, 0.0), mu.where(usable, 0.0)
+    log_alpha = torch.log(cosine_threshold(sigma, cosine, k)) + mu
+    numel = torch.tensor([stats.numel for stats in layers], dtype=torch.float64)
+    zeros = moments[..., 3].sum(1)
+    parts_mu, parts_sigma = fit_lognormal(moments)  # (L, parts)
+    count = moments[..., 0]
+    new_zeros = count * expected_sparsity(log_alpha[:, None] - parts_mu, parts_sigma.clamp_min(1e-6))
+    new_zeros = torch.where(count > 0, new_zeros, 0.0).sum(1)
+    limit = (zeros + new_zeros) / numel
+    return [value if ok else math.nan for value, ok in zip(limit.tolist(), usable.tolist(), strict=True)]
+
+
+def _two_parts(moments: Tensor) -> Tensor:
+    """log_moments as (2, 4): a fit without a mask has one part, the second is then empty."""
+    parts = moments.reshape(-1, 4)
+    return parts if parts.shape[0] == 2 else torch.cat([parts, torch.zeros_like(parts)])
+
+
+_MAX_ALLOCATED = 0.999  # the largest sparsity heterogeneous pruning gives a layer without max_sparsity
 _PLANNERS[Prune] = _allocate
 
 
 @_implements(FloatingPoint)
-def _floating_point(policy: FloatingPoint, g, stats, refresh, seed, weight_path, active):
-    if policy.scaling in ("global", "dynamic"):
-        if stats.scale is None or (refresh and policy.scaling == "global"):  # dynamic: plan() updates it
+def _floating_point(policy: FloatingPoint, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    g = copy.g
+    if policy.scaling == "global":
+        stats.scale = policy.global_scale  # a number: a kernel argument
+    elif policy.scaling == "dynamic":
+        if stats.scale is None:  # plan() updates it after every step
             stats.scale = torch.tensor(policy.global_scale, dtype=torch.float32, device=g.device)
-        if policy.scaling == "dynamic":
-            stats.overflow = g.detach().abs().amax() * stats.scale > policy.fmt.max_value
-    elif refresh or stats.scale is None:
-        _refresh_log_stats(g, stats)
-        stats.scale = torch.exp2(layer_log2_scale(policy, stats.mu / _LN2, stats.sigma / _LN2)).float()
-    return quantize_fp(g, policy.fmt, scale=stats.scale, rounding=policy.rounding, seed=seed)
+            stats.clean_steps = torch.zeros((), dtype=torch.int64, device=g.device)
+        magnitude = g.detach().abs().nan_to_num(nan=0.0, posinf=math.inf).amax()
+        stats.overflow = magnitude * stats.scale > policy.fmt.max_value
+    elif copy.refresh or stats.scale is None:
+        points = scale_points(policy.fmt, policy.scaling, g.device)
+        stats.moments, stats.fit, _ = fit_statistics(g, scale_points=points, backend=copy.backend)
+        stats.scale = stats.fit[4]
+    return quantize_fp(
+        g, policy.fmt, stats.scale, policy.rounding, copy.seed, copy.backend, count_zeros_into=copy.zeros
+    )
 
 
 def _dynamic_scale(policy: FloatingPoint, layers: list[LayerStats], refresh: bool) -> None:
     """After a step: halve the shared scale if any layer overflowed, double it after `growth_interval`
-    clean steps (one host sync per step, as GradScaler's update)."""
+    clean steps (GradScaler's update), on the device without a host sync."""
     flags = [stats.overflow for stats in layers if stats.overflow is not None]
     if policy.scaling != "dynamic" or not flags:
         return
-    scale, clean = layers[0].scale, layers[0].clean_steps + 1
-    if bool(torch.stack(flags).any()):
-        scale, clean = scale / 2, 0
-    elif clean >= (policy.growth_interval or 2000):
-        scale, clean = scale * 2, 0
+    overflow = torch.stack(flags).any()
+    clean = torch.where(overflow, 0, layers[0].clean_steps + 1)
+    grow = clean >= (policy.growth_interval or 2000)
+    scale = torch.where(
+        overflow, layers[0].scale / 2, torch.where(grow, layers[0].scale * 2, layers[0].scale)
+    )
+    clean = torch.where(grow, 0, clean)
     for stats in layers:
         stats.scale, stats.clean_steps, stats.overflow = scale, clean, None
 
@@ -240,46 +311,40 @@ _PLANNERS[FloatingPoint] = _dynamic_scale
 def layer_log2_scale(policy: FloatingPoint, mu2: Tensor, sigma2: Tensor) -> Tensor:
     """log2 of the power-of-two scale `policy` gives a layer whose log2|g| has mean mu2 and std sigma2 (0-d
     tensors, on their device); what compression uses, and what analyses predict from."""
-    if policy.scaling == "global":
+    if policy.scaling in ("global", "dynamic"):
         return torch.tensor(math.log2(policy.global_scale), dtype=mu2.dtype, device=mu2.device)
-    if policy.scaling == "per_layer_mean":
-        log2_scale = -mu2 - 3
-    else:
-        sigmas, offsets = (t.to(mu2.device) for t in _optimal_scale_table(policy.fmt))
-        log2_scale = _interpolate(sigma2.clamp(sigmas[0], sigmas[-1]), sigmas, offsets) - mu2
-    log2_scale = torch.nan_to_num(log2_scale, nan=0.0).clamp(-120, 120)  # an all-zero gradient: any scale
-    return torch.round(log2_scale)
+    return log2_scale(mu2, sigma2, scale_points(policy.fmt, policy.scaling, mu2.device))
 
 
-@functools.lru_cache(maxsize=64)
-def _optimal_scale_table(fmt: FPFormat) -> tuple[Tensor, Tensor]:
-    """MSE-optimal log2 scale of a lognormal with log2-mean 0, against its sigma (log2 units), for `fmt`."""
+@functools.cache
+def scale_points(fmt: FPFormat, scaling: str, device: torch.device) -> Tensor:
+    """A per-layer scale rule as points (sigma2, log2-scale offset), float64 (2, P) on `device` (made once):
+    the reference's rule puts the log2 mean at 2^-3 whatever sigma2; the MSE-optimal one interpolates the
+    optimal offset of a lognormal against sigma2 (fp_theory)."""
+    if scaling == "per_layer_mean":
+        return torch.tensor([[0.0, 1.0], [-3.0, -3.0]], dtype=torch.float64, device=device)
     sigmas = torch.linspace(0.1, 8.0, 40, dtype=torch.float64)
-    return sigmas, fp_theory.optimal_log2_scale(fmt.positive_values(), sigmas)[0]
-
-
-def _interpolate(x: Tensor, xs: Tensor, ys: Tensor) -> Tensor:
-    """Piecewise-linear interpolation on a sorted grid, on device (no host sync)."""
-    index = torch.searchsorted(xs, x.reshape(1)).clamp(1, xs.numel() - 1)
-    x0, x1, y0, y1 = xs[index - 1], xs[index], ys[index - 1], ys[index]
-    return (y0 + (x - x0) * (y1 - y0) / (x1 - x0)).reshape(())
+    return torch.stack([sigmas, fp_theory.optimal_log2_scale(fmt.positive_values(), sigmas)[0]]).to(device)
 
 
 @_implements(Integer)
-def _integer(policy: Integer, g, stats, refresh, seed, weight_path, active):
+def _integer(policy: Integer, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    g = copy.g
     # the range is reported only: each call quantizes on its gradient's own range
-    if g.numel() and (refresh or stats.range is None):
+    if g.numel() and (copy.refresh or stats.range is None):
         low, high = torch.aminmax(g.detach())
         stats.range = (high - low).float()
-    scheme = policy.weight_path if weight_path else "same"
+    scheme = policy.weight_path if copy.weight_path else "same"
+    seed, backend, zeros = copy.seed, copy.backend, copy.zeros
     if scheme == "same":
-        return quantize_int(g, policy.bits, policy.scheme, seed=seed)
+        return quantize_int(g, policy.bits, policy.scheme, seed, backend, count_zeros_into=zeros)
     if scheme == "none":
-        return g
-    if scheme == "column":  # one scale per feature (flattened channel, row, column) across the batch
-        columns = g.reshape(g.shape[0], -1).t() if g.dim() > 1 else g.reshape(1, -1)
-        return quantize_int(columns, policy.weight_bits, "psq", seed=seed).t().reshape(g.shape)
-    return quantize_int(g, policy.weight_bits, "ptq", seed=seed)
+        return add_zero_count(g, zeros)
+    if scheme == "column" and g.dim() > 1:  # one scale per feature (flattened channel, row, column)
+        rows = g.reshape(g.shape[0], -1)
+        return quantize_columns(rows, policy.weight_bits, seed, backend, zeros).reshape(g.shape)
+    # ptq, or a 1-D gradient's one column group
+    return quantize_int(g, policy.weight_bits, "ptq", seed, backend, count_zeros_into=zeros)
 
 
 def _plan_chain(policy: Chain, layers: list[LayerStats], refresh: bool) -> None:
@@ -291,9 +356,12 @@ _PLANNERS[Chain] = _plan_chain
 
 
 @_implements(Chain)
-def _chain(policy: Chain, g, stats, refresh, seed, weight_path, active):
+def _chain(policy: Chain, copy: GradientCopy, stats: LayerStats) -> Tensor:
     if len(stats.parts) != len(policy.policies):
         stats.parts = [LayerStats() for _ in policy.policies]
+    g, last = copy.g, len(policy.policies) - 1
     for index, (member, own) in enumerate(zip(policy.policies, stats.parts, strict=True)):
-        g = compress(member, g, own, refresh, seed + 7919 * index, weight_path, active)
+        zeros = copy.zeros if index == last else None  # the chain's output is what the count is of
+        member_copy = dataclasses.replace(copy, g=g, seed=chain_seed(copy.seed, index), zeros=zeros)
+        g = compress(member, member_copy, own)
     return g

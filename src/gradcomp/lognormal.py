@@ -23,6 +23,8 @@ from torch.special import log_ndtr, ndtr, ndtri
 _SQRT2 = math.sqrt(2.0)
 _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 MIN_SIGMA = 1e-6  # a degenerate (single-valued) layer is treated as a lognormal this narrow
+THRESHOLD_ITERATIONS = 4  # Newton steps from the tabulated start: float64 precision for one lognormal
+MIXTURE_ITERATIONS = 8  # Newton steps (bisection where a step leaves the bracket) for a two-part mixture
 
 
 def expected_sparsity(log_alpha_n: Tensor, sigma: Tensor) -> Tensor:
@@ -168,7 +170,7 @@ def _threshold_start(sigma: Tensor, sparsity: Tensor, num: _Numbers) -> Tensor:
     return below + (above - below) * row_frac
 
 
-def normalized_threshold(sigma: Tensor, sparsity: Tensor, iterations: int = 4) -> Tensor:
+def normalized_threshold(sigma: Tensor, sparsity: Tensor, iterations: int = THRESHOLD_ITERATIONS) -> Tensor:
     """alpha_n = alpha * exp(-mu) with expected_sparsity(ln alpha_n, sigma) = sparsity (Appendix A.1).
 
     Safeguarded Newton in ln alpha_n from a tabulated start: 4 iterations reach float64 precision for sigma
@@ -185,7 +187,9 @@ def normalized_threshold(sigma: Tensor, sparsity: Tensor, iterations: int = 4) -
     return torch.exp(_solve_increasing(fn, sparsity, lo, hi, iterations, start))
 
 
-def normalized_threshold_float(sigma: float, sparsity: float, iterations: int = 4) -> float:
+def normalized_threshold_float(
+    sigma: float, sparsity: float, iterations: int = THRESHOLD_ITERATIONS
+) -> float:
     """`normalized_threshold` of one finite sigma and one sparsity in [0, 1), in Python floats: the same
     algorithm, twenty times faster for a single layer on the CPU (where tensor dispatch dominates)."""
     if not (math.isfinite(sigma) and 0 <= sparsity < 1):
@@ -194,6 +198,53 @@ def normalized_threshold_float(sigma: float, sparsity: float, iterations: int = 
     fn, lo, hi = _threshold_problem(sigma, min(sparsity, 1 - 1e-12), _FLOATS)
     start = _threshold_start(sigma, sparsity, _FLOATS)
     return math.exp(_solve_increasing(fn, sparsity, lo, hi, iterations, start, _FLOATS))
+
+
+class Population(NamedTuple):
+    """A part of a gradient modelled as its own lognormal: its count of finite non-zeros and (mu, sigma) of
+    their ln|g|."""
+
+    count: Tensor | float
+    mu: Tensor | float
+    sigma: Tensor | float
+
+
+def mixture_log_threshold(
+    first: Population, second: Population, wanted: Tensor | float, num: _Numbers = _TENSORS
+) -> Tensor | float:
+    """ln alpha at which stochastic pruning makes `wanted` of the two populations' non-zeros zero in
+    expectation: sum_k count_k S(ln alpha - mu_k; sigma_k) = wanted, with S the closed-form sparsity.
+
+    The sum increases with alpha, so safeguarded Newton on it converges; it starts from the tabulated root
+    of one lognormal with the pooled mean and variance of ln|g|, close to the mixture's root when the two
+    parts overlap (the BatchNorm-masked entries of a layer and the rest). A population without non-zeros
+    drops out; with one population left the solve is `normalized_threshold`'s. The fraction wanted is
+    clamped to [1e-12, 1 - 1e-9], as for one lognormal. Vectorised like the other solvers (`num`: tensors
+    or Python floats)."""
+    total = first.count + second.count
+    share = num.clamp(num.nan_to_zero(wanted / total), 1e-12, 1 - 1e-9)
+    weight = num.nan_to_zero(second.count / total)
+    # a population without non-zeros has NaN statistics: it takes the other's, with weight 0
+    mu2 = num.where(second.count > 0, second.mu, first.mu)
+    mu1 = num.where(first.count > 0, first.mu, mu2)
+    sigma1 = num.clamp(num.where(first.count > 0, first.sigma, second.sigma), MIN_SIGMA, math.inf)
+    sigma2 = num.clamp(num.where(second.count > 0, second.sigma, sigma1), MIN_SIGMA, math.inf)
+    pooled_mu = mu1 + weight * (mu2 - mu1)
+    pooled_var = (1 - weight) * sigma1 * sigma1 + weight * sigma2 * sigma2
+    pooled_var = pooled_var + weight * (1 - weight) * (mu2 - mu1) * (mu2 - mu1)
+    pooled_sigma = num.clamp(num.sqrt(pooled_var), MIN_SIGMA, math.inf)
+    start = pooled_mu + _threshold_start(pooled_sigma, share, num)
+    fn1, lo1, hi1 = _threshold_problem(sigma1, share, num)
+    fn2, lo2, hi2 = _threshold_problem(sigma2, share, num)
+
+    def fn(u):
+        value1, slope1 = fn1(u - mu1)
+        value2, slope2 = fn2(u - mu2)
+        return value1 + weight * (value2 - value1), slope1 + weight * (slope2 - slope1)
+
+    lo = num.minimum(lo1 + mu1, lo2 + mu2)
+    hi = num.maximum(hi1 + mu1, hi2 + mu2)
+    return _solve_increasing(fn, share, lo, hi, MIXTURE_ITERATIONS, start, num)
 
 
 def gaussian_sparsity(t: Tensor) -> Tensor:

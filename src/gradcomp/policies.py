@@ -26,7 +26,7 @@ from gradcomp.formats import FPFormat, parse_format
 POLICIES: dict[str, type[Policy]] = {}
 FLOAT32_BITS = 32
 ESTIMATORS = ("lognormal", "gaussian", "laplace", "topk")
-FITS = ("bn_nonzero", "all")  # Prune.fit
+FITS = ("bn_nonzero", "reference", "all")  # Prune.fit
 SCALINGS = ("per_layer_mean", "per_layer_optimal", "global", "dynamic")
 
 
@@ -69,6 +69,17 @@ class Policy:
         following BatchNorm's output are non-zero (see `Prune.fit`)."""
         return False
 
+    @property
+    def reports(self) -> tuple[str, ...]:
+        """The statistics of a layer's last refresh that `Attachment.layer_summary` reports (names of
+        `gradcomp.compress.LayerStats.report`)."""
+        return ()
+
+    @property
+    def constants(self) -> dict[str, Any]:
+        """Facts of the policy reported with every layer's statistics."""
+        return {}
+
     def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
         """Bits the compressed neural gradient takes per element in storage, summed over every copy the
         backward pass keeps, given a run's summary (its measured sparsity and per-layer statistics); `then`
@@ -103,26 +114,36 @@ class Prune(Policy):
     Acts by default on every convolution output (the BatchNorm inputs of the lognormal paper, section 2.8),
     not on the classifier, whose output gradient is the loss gradient itself.
 
-    fit: which entries the threshold is fitted on. "bn_nonzero" (the reference code's): the entries whose
-    gradient at the following BatchNorm's output is non-zero (ReLU or max-pool zeroed the others, where
-    BatchNorm's backward leaves only small mean corrections); their share s0 is counted as zeros, so the
-    fitted part is pruned to (sparsity - s0)/(1 - s0) and the small entries mostly go with the threshold.
-    Where s0 >= sparsity (the reference then prunes nothing, leaving the small entries dense) and where a
-    layer has no following BatchNorm, the fit takes all its entries. "all": every non-zero entry.
+    fit (lognormal estimator; the other estimators model every entry): which entries the lognormal is
+    fitted on, and how the threshold treats the rest. "bn_nonzero" (default): the reference code's
+    population, the entries whose gradient at the following BatchNorm's output is non-zero (ReLU or
+    max-pool zeroed the others, where BatchNorm's backward leaves mean corrections), whose (mu, sigma) are
+    reported; the other entries get a lognormal fit of their own from the same reduction, and the
+    threshold is solved for the whole tensor (the two parts' expected zeros hit the target), so the achieved
+    sparsity is the target whatever those corrections are. "reference": the reference code's rule, which
+    counts the other entries as zeros and prunes the fitted part to (sparsity - s0)/(1 - s0) (s0: their
+    share); where BatchNorm's mean corrections are not small, fewer zeros result than asked for; where
+    s0 >= sparsity it fits every entry. "all": one lognormal of every non-zero entry. A layer without a
+    following BatchNorm fits every entry under each rule.
 
     min_cosine: heterogeneous sparsity (section 2.7): no layer's predicted cosine similarity between
     pruned and original gradient (lognormal truncated at `truncation` sigmas) falls below it, and
     `sparsity` is the overall (element-weighted) target. At each refresh the layers' last fits give the
     sparsity each may reach at that cosine (closed forms); one common sparsity q is solved so that every
     layer at min(q, its limit) hits the target overall (water-filling), instead of the reference's fixed
-    compensation of the unconstrained layers. truncation: None (the reference's) measures it per layer
-    and fit as the standardised N/300-th largest ln|g| (2.713 for an exact normal); a number fixes it.
-    Lognormal estimator only."""
+    compensation of the unconstrained layers. cosine_groups: per-group limits instead, as the reference's
+    `--layers_cos_sim`/`--cos_sim` flags, e.g. "layer2=0.95;layer3=0.98;layer4=0.98": a layer whose name
+    contains a group's pattern gets its limit (the first that matches), the others none. max_sparsity: no
+    layer is allocated more (the reference's `--max_sparsity`, 0.9). truncation: None (the reference's)
+    measures it per layer and fit as the standardised N/300-th largest ln|g| (2.713 for an exact normal);
+    a number fixes it. Lognormal estimator only."""
 
     sparsity: float = 0.85
     estimator: str = "lognormal"
     fit: str = "bn_nonzero"
     min_cosine: float | None = None
+    cosine_groups: str | None = None
+    max_sparsity: float | None = None
     truncation: float | None = None
     layer_types: ClassVar[tuple[str, ...]] = ("conv",)
 
@@ -135,17 +156,63 @@ class Prune(Policy):
             )
         if self.fit not in FITS:
             raise ValueError(f"prune: fit must be one of {', '.join(FITS)}, got {self.fit!r}")
-        if self.min_cosine is not None:
-            if not 0 < self.min_cosine < 1:
-                raise ValueError(f"prune: min_cosine must be in (0, 1), got {self.min_cosine}")
-            if self.estimator != "lognormal":
-                raise ValueError("prune: min_cosine needs estimator=lognormal")
+        if self.min_cosine is not None and not 0 < self.min_cosine < 1:
+            raise ValueError(f"prune: min_cosine must be in (0, 1), got {self.min_cosine}")
+        if self.min_cosine is not None and self.cosine_groups is not None:
+            raise ValueError("prune: give min_cosine (every layer) or cosine_groups (per group), not both")
+        self._cosine_groups()  # checks the groups
+        if self.heterogeneous and self.estimator != "lognormal":
+            raise ValueError("prune: min_cosine and cosine_groups need estimator=lognormal")
+        if self.max_sparsity is not None:
+            if not self.heterogeneous:
+                raise ValueError("prune: max_sparsity needs min_cosine or cosine_groups")
+            if not self.sparsity <= self.max_sparsity < 1:
+                raise ValueError(
+                    f"prune: max_sparsity must be in [sparsity, 1), got {self.max_sparsity} with sparsity "
+                    f"{self.sparsity}"
+                )
         if self.truncation is not None and not (math.isfinite(self.truncation) and self.truncation > 0):
             raise ValueError(f"prune: truncation must be a positive number of sigmas, got {self.truncation}")
 
+    def _cosine_groups(self) -> list[tuple[str, float]]:
+        """(pattern, cosine limit) of each group of `cosine_groups`."""
+        if self.cosine_groups is None:
+            return []
+        groups = []
+        for item in filter(None, (part.strip() for part in self.cosine_groups.split(";"))):
+            pattern, sep, value = item.partition("=")
+            try:
+                limit = float(value)
+            except ValueError:
+                limit = math.nan
+            if not sep or not pattern.strip() or not 0 < limit < 1:
+                raise ValueError(
+                    f"prune: cosine_groups reads 'pattern=cosine;...' with cosines in (0, 1), got {item!r}"
+                )
+            groups.append((pattern.strip(), limit))
+        if not groups:
+            raise ValueError("prune: cosine_groups names no group")
+        return groups
+
+    @property
+    def heterogeneous(self) -> bool:
+        """Whether layers get different sparsities under cosine limits (section 2.7)."""
+        return self.min_cosine is not None or self.cosine_groups is not None
+
+    def cosine_limit(self, layer: str) -> float | None:
+        """The least predicted cosine the layer named `layer` may have (None: unconstrained)."""
+        if self.min_cosine is not None:
+            return self.min_cosine
+        return next((limit for pattern, limit in self._cosine_groups() if pattern in layer), None)
+
     @property
     def uses_bn_output(self) -> bool:
-        return self.fit == "bn_nonzero"
+        return self.fit != "all" and self.estimator == "lognormal"
+
+    @property
+    def reports(self) -> tuple[str, ...]:
+        heterogeneous = ("truncation", "allocated", "cosine") if self.heterogeneous else ()
+        return ("mu", "sigma", "bn_zero_share", "threshold", *heterogeneous)
 
     @property
     def label(self) -> str:
@@ -154,8 +221,12 @@ class Prune(Policy):
             label += f" {self.estimator}"
         if self.min_cosine is not None:
             label += f" cos>={self.min_cosine:g}"
-        if self.fit == "all":
-            label += " (all-entries fit)"
+        if self.cosine_groups is not None:
+            label += " cos per group"
+        if self.max_sparsity is not None:
+            label += f" max {self.max_sparsity:g}"
+        if self.fit != "bn_nonzero":
+            label += {"all": " (all-entries fit)", "reference": " (reference rule)"}[self.fit]
         return label
 
     @property
@@ -235,6 +306,14 @@ class FloatingPoint(Policy):
         return self._fmt
 
     @property
+    def reports(self) -> tuple[str, ...]:
+        return ("scale",) if self.scaling in ("global", "dynamic") else ("mu", "sigma", "scale")
+
+    @property
+    def constants(self) -> dict[str, Any]:
+        return {"format": self.format}
+
+    @property
     def format_label(self) -> str:
         """e.g. ``FP6 [1,4,1]``: bits and [sign, exponent, mantissa], the papers' notation."""
         return f"FP{self.fmt.bits} [1,{self.fmt.exp_bits},{self.fmt.man_bits}]"
@@ -303,6 +382,14 @@ class Integer(Policy):
             raise ValueError(
                 f"int: weight_scheme must be auto, same, ptq, column or none, got {self.weight_scheme!r}"
             )
+
+    @property
+    def reports(self) -> tuple[str, ...]:
+        return ("range",)
+
+    @property
+    def constants(self) -> dict[str, Any]:
+        return {"bins": 2**self.bits - 1}
 
     @property
     def weight_path(self) -> str:

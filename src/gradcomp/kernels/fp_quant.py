@@ -1,4 +1,6 @@
-"""Triton kernel of `gradcomp.ops.quantize_fp`: the same bit-level algorithm, one element per lane.
+"""Triton kernel of `gradcomp.ops.quantize_fp`: the same bit-level algorithm, one element per lane, in one
+launch (the scale comes as a kernel argument or is read from device memory; counting the output's zeros is
+fused into the same pass).
 
 Format values that may be float32 subnormals (min_normal, max_value, the smallest value of a format without
 zero) come as bit patterns and are compared on the bits of non-negative floats (the same order): Triton
@@ -6,20 +8,17 @@ would make a float constant below 2^-126 a float64."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
-from gradcomp.kernels.rng import random_uint32, uniform24
+from gradcomp.kernels import elementwise_grid
+from gradcomp.kernels.floats import to_storage
+from gradcomp.kernels.rng import block_random_uint32, uniform24
+from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
-
-if TYPE_CHECKING:
-    from gradcomp.ops.fp_quant import RoundingPlan
-
-BLOCK = 1024
+from gradcomp.rounding import RoundingPlan
 
 
 @triton.jit
@@ -90,11 +89,12 @@ def _largest_grid_bits(
 def _quantize_fp_kernel(
     x_ptr,
     out_ptr,
-    scale_ptr,
-    inv_scale_ptr,
+    scale,
+    inverse_scale,
     n,
     k0,
     k1,
+    zeros_ptr,
     DISCARD: tl.constexpr,
     TIE_OFFSET: tl.constexpr,
     MIN_NORMAL_BITS: tl.constexpr,
@@ -119,13 +119,26 @@ def _quantize_fp_kernel(
     SIGNED: tl.constexpr,
     NEGATIVE_ZERO: tl.constexpr,
     OUT_MAX: tl.constexpr,
+    SCALE_IN_MEMORY: tl.constexpr,
+    COUNT_ZEROS: tl.constexpr,
     STOCHASTIC: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
-    offsets = tl.program_id(0).to(tl.int64) * BLOCK + tl.arange(0, BLOCK)
-    mask = offsets < n
-    x = tl.load(x_ptr + offsets, mask=mask, other=0.0).to(tl.float32)
-    scale = tl.load(scale_ptr)
+    """scale and inverse_scale are float32 arguments, or (SCALE_IN_MEMORY) scale points to a one-element
+    tensor and the inverse is computed here as the torch path does (NaN unless both are positive and
+    finite)."""
+    start = tl.program_id(0).to(tl.int64) * BLOCK
+    lanes = tl.arange(0, BLOCK)
+    mask = lanes < n - start
+    x = tl.load(x_ptr + start + lanes, mask=mask, other=0.0).to(tl.float32)
+    if SCALE_IN_MEMORY:
+        scale = tl.load(scale).to(tl.float32)
+        inverse = tl.math.div_rn(1.0, scale)
+        usable = (scale > 0.0) & (scale < float("inf")) & (inverse < float("inf"))
+        inverse_scale = tl.where(usable, inverse, float("nan"))
+    else:  # float32 arguments (the interpreter passes Python floats)
+        scale = tl.cast(scale, tl.float32)
+        inverse_scale = tl.cast(inverse_scale, tl.float32)
     magnitude_bits = tl.minimum(tl.abs(x * scale).to(tl.int32, bitcast=True), BOUND_BITS)  # NaN: the bound
     if not OVERFLOWS:  # saturation stops at the largest grid value whose output x's dtype holds
         limit = _largest_grid_bits(
@@ -141,7 +154,7 @@ def _quantize_fp_kernel(
         )
         magnitude_bits = tl.minimum(magnitude_bits, limit)
     magnitude = magnitude_bits.to(tl.float32, bitcast=True)
-    random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
+    random = block_random_uint32(start, lanes, k0, k1) if STOCHASTIC else 0
     rounded = _round_magnitude(
         magnitude,
         random,
@@ -185,40 +198,49 @@ def _quantize_fp_kernel(
         rounded = (rounded.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
     else:
         rounded = tl.where(x < 0.0, float("nan"), rounded)
-    out = rounded * tl.load(inv_scale_ptr)
+    out = rounded * inverse_scale
     if not OVERFLOWS:  # saturation: 1/scale is rounded, keep the outputs within x's dtype
         out = tl.where(out > OUT_MAX, OUT_MAX, tl.where(out < -OUT_MAX, -OUT_MAX, out))
     finite = tl.abs(x) < float("inf")
-    out = tl.where(finite, out, x)
-    tl.store(out_ptr + offsets, out.to(out_ptr.dtype.element_ty), mask=mask)
+    out = to_storage(tl.where(finite, out, x), out_ptr.dtype.element_ty)
+    tl.store(out_ptr + start + lanes, out, mask=mask)
+    if COUNT_ZEROS:
+        tl.atomic_add(zeros_ptr, tl.sum(((out == 0.0) & mask).to(tl.int64)))
 
 
 def quantize_fp_triton(
     x: Tensor,
     plan: RoundingPlan,
-    scale: Tensor,
-    inverse_scale: Tensor,
+    scale: float | Tensor,
+    inverse_scale: float | None,
     stochastic: bool,
     seed: int,
-    block: int = BLOCK,
+    zeros: Tensor | None = None,
+    block: int | None = None,
 ) -> Tensor:
-    """Launch on a float16/bfloat16/float32 tensor; `plan` is the op's `RoundingPlan` for float32, scale and
-    its inverse are 0-d float32 tensors on x's device (the op's)."""
+    """Launch on a float16/bfloat16/float32 tensor; `plan` is the op's `RoundingPlan` for float32. `scale` is
+    a number (with its float32 inverse computed by the op) or a one-element tensor on x's device (read there).
+    `zeros` (int64, one element): the output's zeros are added to it."""
     if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
         raise TypeError(f"quantize_fp kernel takes float16/bfloat16/float32, got {x.dtype}")
     x_flat = x.contiguous().view(-1)
     out = torch.empty_like(x_flat)
     k0, k1 = seed_keys(seed)
     n = x_flat.numel()
+    programs, block, warps = elementwise_grid(n, block)
     normalised = plan.normalised or plan  # the N_ constants are unused without it
-    _quantize_fp_kernel[(triton.cdiv(n, block),)](
+    in_memory = isinstance(scale, Tensor)
+    launch(
+        _quantize_fp_kernel,
+        (programs,),
         x_flat,
         out,
         scale,
-        inverse_scale,
+        0.0 if in_memory else inverse_scale,
         n,
         as_int32(k0),
         as_int32(k1),
+        x_flat if zeros is None else zeros,
         DISCARD=plan.discard_bits,
         TIE_OFFSET=plan.tie_offset,
         **_rounding_constants(plan),
@@ -233,8 +255,11 @@ def quantize_fp_triton(
         SIGNED=plan.signed,
         NEGATIVE_ZERO=plan.negative_zero,
         OUT_MAX=float(torch.finfo(x.dtype).max),
+        SCALE_IN_MEMORY=in_memory,
+        COUNT_ZEROS=zeros is not None,
         STOCHASTIC=stochastic,
         BLOCK=block,
+        num_warps=warps,
         enable_fp_fusion=False,
     )
     return out.view(x.shape)

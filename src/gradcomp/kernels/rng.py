@@ -15,13 +15,31 @@ def _mix32(x):
 
 
 @triton.jit
+def _keys(k0, k1):
+    return tl.cast(k0, tl.int32).to(tl.uint32, bitcast=True), tl.cast(k1, tl.int32).to(
+        tl.uint32, bitcast=True
+    )
+
+
+@triton.jit
 def random_uint32(offsets, k0, k1):
-    """bits(seed, offsets) as uint32; k0, k1 are the seed's keys passed as int32 bit patterns."""
+    """bits(seed, offsets) as uint32 for any int64 offsets; k0, k1 are the seed's keys passed as int32 bit
+    patterns."""
+    key0, key1 = _keys(k0, k1)
     low = offsets.to(tl.uint32)
     high = (offsets >> 32).to(tl.uint32)
-    key0 = tl.cast(k0, tl.int32).to(tl.uint32, bitcast=True)
-    key1 = tl.cast(k1, tl.int32).to(tl.uint32, bitcast=True)
     return _mix32((low + key0) ^ _mix32(high ^ key1))
+
+
+@triton.jit
+def block_random_uint32(start, lanes, k0, k1):
+    """bits(seed, start + lanes) for a block that does not cross a multiple of 2^32 (start a multiple of a
+    power-of-two block size, 0 <= lanes < block): the high word's hash is computed once per program and the
+    lanes need 32-bit arithmetic only (the same bits as `random_uint32`)."""
+    key0, key1 = _keys(k0, k1)
+    high = _mix32((start >> 32).to(tl.uint32) ^ key1)
+    low = start.to(tl.uint32) + lanes.to(tl.uint32)
+    return _mix32((low + key0) ^ high)
 
 
 @triton.jit

@@ -11,9 +11,10 @@ from gradcomp.ops.prune import (
     stochastic_prune,
     topk_threshold,
 )
-from gradcomp.ops.stats import log_moments
+from gradcomp.ops.stats import fit_statistics, log_moments
 
 __all__ = [
+    "fit_statistics",
     "gaussian_threshold",
     "laplace_threshold",
     "log_moments",

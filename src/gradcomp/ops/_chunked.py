@@ -27,8 +27,10 @@ def map_chunks(
     return out.view(x.shape)
 
 
-def sum_chunks(x: Tensor, fn: Callable[[Tensor], tuple[Tensor, ...]]) -> Tensor:
-    """Sum over chunks of the 0-d tensors fn(flat chunk) returns, accumulated in float64: shape (fields,)."""
-    flat = x.reshape(-1)
-    parts = [fn(flat[start : start + CHUNK]) for start in range(0, flat.numel(), CHUNK)]
+def sum_chunks(x: Tensor, fn: Callable[..., tuple[Tensor, ...] | Tensor], *others: Tensor) -> Tensor:
+    """Sum over chunks of the 0-d tensors fn(flat chunk, flat chunks of `others` at the same place)
+    returns, accumulated in float64: shape (fields,)."""
+    flats = [tensor.reshape(-1) for tensor in (x, *others)]
+    chunks = range(0, flats[0].numel(), CHUNK)
+    parts = [fn(*(flat[start : start + CHUNK] for flat in flats)) for start in chunks]
     return torch.stack([torch.stack(field).to(torch.float64).sum() for field in zip(*parts, strict=True)])

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp.ops.stats import add_zero_count, check_counter
 from gradcomp.rng import random_bits, resolve_seed, uniform24
 
 Scheme = Literal["ptq", "psq", "bhq"]
@@ -35,12 +36,19 @@ RANGE_EPS = 1e-8
 
 
 def quantize_int(
-    x: Tensor, bits: int, scheme: Scheme = "ptq", seed: int | None = None, backend: Backend = "auto"
+    x: Tensor,
+    bits: int,
+    scheme: Scheme = "ptq",
+    seed: int | None = None,
+    backend: Backend = "auto",
+    count_zeros_into: Tensor | None = None,
 ) -> Tensor:
     """Stochastic-rounding b-bit quantize/dequantize of x: unbiased (E[out] = x up to the rounding of the
-    compute dtype, float32 or float64) for finite groups of any magnitude. Not differentiable: x is
-    detached and the result does not require grad."""
+    compute dtype, float32 or float64) for finite groups of any magnitude. count_zeros_into: an int64
+    one-element tensor on x's device to which the output's zeros are added (on CUDA inside the kernel for
+    PTQ and PSQ). Not differentiable: x is detached and the result does not require grad."""
     x = check_float(x, "quantize_int")
+    check_counter(count_zeros_into, x)
     if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 16:
         raise ValueError(f"bits must be an integer in [1, 16], got {bits!r}")
     if scheme not in ("ptq", "psq", "bhq"):
@@ -50,6 +58,11 @@ def quantize_int(
         return x.clone()
     levels = 2**bits - 1
     triton = use_triton(x, backend)
+    if triton and scheme != "bhq":  # the kernels read and write x's dtype
+        from gradcomp.kernels.int_quant import quantize_groups_triton
+
+        groups = x.reshape(1 if scheme == "ptq" or not x.dim() else x.shape[0], -1).contiguous()
+        return quantize_groups_triton(groups, levels, seed, zeros=count_zeros_into).view(x.shape)
     rows = x.to(compute_layout(x.dtype).float_dtype).reshape(x.shape[0] if x.dim() else 1, -1)
     if scheme == "ptq":
         out = _quantize_rows(rows.reshape(1, -1), levels, seed, triton).view(rows.shape)
@@ -58,7 +71,7 @@ def quantize_int(
     else:  # the transform's noise can carry a value near the dtype's limit past it: saturate there, not Inf
         largest = torch.finfo(x.dtype).max
         out = _block_householder_quantize(rows, levels, seed, triton).clamp_(-largest, largest)
-    return out.view(x.shape).to(x.dtype)
+    return add_zero_count(out.view(x.shape).to(x.dtype), count_zeros_into)
 
 
 class AffineMap(NamedTuple):
@@ -84,9 +97,10 @@ class AffineMap(NamedTuple):
     high: Tensor
 
     @classmethod
-    def of_rows(cls, rows: Tensor, levels: int) -> AffineMap:
-        """The map of each row's [min, max] onto [0, levels]; a constant row gets scale and step 1."""
-        low, high = torch.aminmax(rows, dim=1)
+    def of_rows(cls, rows: Tensor, levels: int, dim: int = 1) -> AffineMap:
+        """The map of each row's [min, max] onto [0, levels] (each column's with dim=0); a constant row gets
+        scale and step 1."""
+        low, high = torch.aminmax(rows, dim=dim)
         pre, post = _power_of_two_rescaling(torch.maximum(-low, high))
         zero = low * pre
         spread = high * pre - zero
@@ -113,14 +127,31 @@ def _power_of_two_rescaling(magnitude: Tensor) -> tuple[Tensor, Tensor]:
     return power_of_two(k), power_of_two(-k)
 
 
-def _quantize_rows(rows: Tensor, levels: int, seed: int, triton: bool) -> Tensor:
-    """Per-row stochastic affine quantization (PSQ; PTQ is the one-row case)."""
-    affine = AffineMap.of_rows(rows, levels)
-    if triton:
-        from gradcomp.kernels.int_quant import stochastic_affine_triton
+def quantize_columns(
+    x: Tensor, bits: int, seed: int, backend: Backend = "auto", count_zeros_into: Tensor | None = None
+) -> Tensor:
+    """PSQ with one scale group per column of the 2-D tensor x (per feature across the batch: the weight
+    gradient's quantizer of the framework's reference code), in x's dtype; random bits by x's row-major
+    element index. Three launches on CUDA."""
+    levels = 2**bits - 1
+    if x.numel() == 0:
+        return x.clone()
+    if use_triton(x, backend):
+        from gradcomp.kernels.int_quant import quantize_groups_triton
 
-        return stochastic_affine_triton(rows, torch.stack(affine), levels, seed)
-    pre, zero, scale, step, post, low, high = (value[:, None] for value in affine)
+        return quantize_groups_triton(x.contiguous(), levels, seed, columns=True, zeros=count_zeros_into)
+    rows = x.to(compute_layout(x.dtype).float_dtype)
+    return add_zero_count(_quantize_rows(rows, levels, seed, False, dim=0).to(x.dtype), count_zeros_into)
+
+
+def _quantize_rows(rows: Tensor, levels: int, seed: int, triton: bool, dim: int = 1) -> Tensor:
+    """Per-row stochastic affine quantization (PSQ; PTQ is the one-row case; per column with dim=0)."""
+    if triton:
+        from gradcomp.kernels.int_quant import quantize_groups_triton
+
+        return quantize_groups_triton(rows.contiguous(), levels, seed, columns=dim == 0)
+    affine = AffineMap.of_rows(rows, levels, dim)
+    pre, zero, scale, step, post, low, high = (value.unsqueeze(dim) for value in affine)
     codes = (rows * pre).sub_(zero).mul_(scale).clamp_(0, levels)
     whole = torch.floor(codes)
     random = uniform24(random_bits(seed, rows.numel(), rows.device)).view(rows.shape).to(rows.dtype)  # exact
@@ -140,6 +171,8 @@ class BlockHouseholder:
     block: Tensor  # int64 block id of each row
     v: Tensor  # Householder vector entry of each row
     scale: Tensor  # diagonal scaling d of each row
+    members: Tensor  # the rows in block order (ascending within a block): the kernel's visiting order
+    starts: Tensor  # where each block's rows begin in `members` (n_rows + 1 entries)
 
     @classmethod
     def from_ranges(cls, ranges: Tensor) -> BlockHouseholder:
@@ -181,10 +214,15 @@ class BlockHouseholder:
 
         root = size.sqrt()
         v_sorted_entries = torch.where(large, 1 / root - 1, 1 / root) / torch.sqrt(2 - 2 / root)
+        block = _unsort(block_sorted, order)
+        starts = torch.zeros(n_rows + 1, dtype=torch.int64, device=device)
+        starts[1:] = torch.cumsum(torch.bincount(block, minlength=n_rows), 0)
         return cls(
-            block=_unsort(block_sorted, order),
+            block=block,
             v=_unsort(v_sorted_entries, order),
             scale=_unsort(scale_sorted, order),
+            members=torch.argsort(block, stable=True),
+            starts=starts,
         )
 
     def reflect(self, rows: Tensor) -> Tensor:

@@ -12,43 +12,58 @@ from __future__ import annotations
 import math
 import numbers
 
+import numpy as np
 import torch
 from torch import Tensor
 
 from gradcomp import lognormal
 from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
 from gradcomp.ops._chunked import map_chunks
-from gradcomp.ops.stats import log_moments
+from gradcomp.ops.stats import Rule, add_zero_count, check_counter, fit_statistics, usable_threshold
 from gradcomp.rng import chunk_counter, hash_counter, resolve_seed, uniform24
 
 
 def stochastic_prune(
-    x: Tensor, alpha: float | Tensor, seed: int | None = None, backend: Backend = "auto"
+    x: Tensor,
+    alpha: float | Tensor,
+    seed: int | None = None,
+    backend: Backend = "auto",
+    count_zeros_into: Tensor | None = None,
 ) -> Tensor:
     """|x| >= alpha unchanged; |x| < alpha becomes sign(x)*alpha with probability |x|/alpha, else 0.
 
-    Unbiased (E[out] = x) for any alpha: alpha is rounded once to x's dtype, so that the promoted values are
-    exactly representable, and carried in the compute dtype (float32, float64 for float64 x); the keep
-    decision compares |x| * 2^24/alpha with 24 random bits. So a non-zero alpha must be at least
-    2^24 / (largest compute-dtype value), about 4.9e-32 (9.3e-301 for float64), below which 2^24/alpha
-    overflows, and at most x's largest finite value. A Python number is checked against these bounds
-    (ValueError; alpha = 0 prunes nothing). A tensor alpha (typically a threshold computed on the device) is
-    not read on the host; instead, above x's largest finite value (Inf included) it acts as that value and
-    below the lower bound as 0: the result stays unbiased, only less sparse. A NaN or negative tensor alpha
-    makes the output NaN. Exact zeros stay zero; NaN and +-Inf pass through. Random bits come from
-    (seed, element index). Not differentiable: x is detached and the result does not require grad.
+    Unbiased (E[out] = x) for any alpha: alpha is rounded once to x's dtype (a float64 tensor alpha through
+    float32, as torch's casts do), so that the promoted values are exactly representable, and carried in the
+    compute dtype (float32, float64 for float64 x); the keep decision compares |x| * 2^24/alpha with 24
+    random bits. So a non-zero alpha must be at least 2^24 / (largest compute-dtype value), about 4.9e-32
+    (9.3e-301 for float64), below which 2^24/alpha overflows, and at most x's largest finite value. A Python
+    number is checked against these bounds (ValueError; alpha = 0 prunes nothing). A tensor alpha (typically
+    a threshold computed on the device) is not read on the host (on CUDA the kernel reads it); instead,
+    above x's largest finite value (Inf included) it acts as that value and below the lower bound as 0: the
+    result stays unbiased, only less sparse. A NaN or negative tensor alpha makes the output NaN. Exact
+    zeros stay zero; NaN and +-Inf pass through. Random bits come from (seed, element index).
+    count_zeros_into: an int64 one-element tensor on x's device to which the number of zeros of the output
+    is added (on CUDA in the same kernel, without a host sync). Not differentiable: x is detached and the
+    result does not require grad.
     """
     x = check_float(x, "stochastic_prune")
-    alpha_t = _alpha_in_compute_dtype(alpha, x)
-    # rounded up, so that |x| >= alpha gives |x| * keep_scale >= 2^24 > every 24-bit draw: kept as is
-    keep_scale = torch.nextafter(2.0**24 / alpha_t, alpha_t.new_tensor(math.inf))
+    check_counter(count_zeros_into, x)
+    number = _checked_number_alpha(alpha, x) if not isinstance(alpha, Tensor) else None
+    if number is None and alpha.numel() != 1:
+        raise ValueError(f"alpha must be a number or a one-element tensor, got shape {tuple(alpha.shape)}")
     seed = resolve_seed(seed)
     if x.numel() == 0:
         return x.clone()
     if use_triton(x, backend):
         from gradcomp.kernels.prune import stochastic_prune_triton
 
-        return stochastic_prune_triton(x, alpha_t, keep_scale, seed)
+        if number is None:
+            return stochastic_prune_triton(x, alpha.detach().to(x.device), None, seed, count_zeros_into)
+        keep_scale = np.nextafter(np.float32(2.0**24) / np.float32(number), np.float32(math.inf))
+        return stochastic_prune_triton(x, number, float(keep_scale), seed, count_zeros_into)
+    alpha_t = _alpha_in_compute_dtype(alpha, x) if number is None else _number_tensor(number, x)
+    # rounded up, so that |x| >= alpha gives |x| * keep_scale >= 2^24 > every 24-bit draw: kept as is
+    keep_scale = torch.nextafter(2.0**24 / alpha_t, alpha_t.new_tensor(math.inf))
 
     def prune_chunk(chunk: Tensor, offset: int) -> Tensor:
         counter = chunk_counter(seed, chunk.numel(), x.device, offset)
@@ -57,23 +72,26 @@ def stochastic_prune(
             out = torch.where(torch.isnan(chunk), chunk, out)
         return out
 
-    return map_chunks(x, prune_chunk)
+    return add_zero_count(map_chunks(x, prune_chunk), count_zeros_into)
 
 
-def _alpha_in_compute_dtype(alpha: float | Tensor, x: Tensor) -> Tensor:
-    """alpha rounded to x's dtype, as a 0-d tensor of the compute dtype on x's device (see stochastic_prune
-    for the bounds: a number outside them raises, a tensor is brought inside them on the device)."""
+def _alpha_in_compute_dtype(alpha: Tensor, x: Tensor) -> Tensor:
+    """A tensor alpha rounded to x's dtype, as a 0-d tensor of the compute dtype on x's device, brought
+    inside the bounds of stochastic_prune on the device (the kernel does the same steps)."""
     layout = compute_layout(x.dtype)
     largest = torch.finfo(x.dtype).max
     smallest = 2.0**24 / torch.finfo(layout.float_dtype).max
-    if isinstance(alpha, Tensor):
-        if alpha.numel() != 1:
-            raise ValueError(
-                f"alpha must be a number or a one-element tensor, got shape {tuple(alpha.shape)}"
-            )
-        value = alpha.detach().reshape(()).to(x.device, torch.promote_types(alpha.dtype, layout.float_dtype))
-        value = value.clamp(max=largest).to(x.dtype).to(layout.float_dtype)
-        return torch.where(value >= smallest, value, torch.where(value >= 0, 0.0, math.nan))
+    value = alpha.detach().reshape(()).to(x.device, torch.promote_types(alpha.dtype, layout.float_dtype))
+    value = value.clamp(max=largest).to(x.dtype).to(layout.float_dtype)
+    return torch.where(value >= smallest, value, torch.where(value >= 0, 0.0, math.nan))
+
+
+def _checked_number_alpha(alpha: object, x: Tensor) -> float:
+    """A number alpha rounded to x's dtype (once; not at all for float64), after checking the bounds of
+    stochastic_prune."""
+    layout = compute_layout(x.dtype)
+    largest = torch.finfo(x.dtype).max
+    smallest = 2.0**24 / torch.finfo(layout.float_dtype).max
     if isinstance(alpha, bool) or not isinstance(alpha, numbers.Real):
         raise TypeError(f"alpha must be a real number or a one-element tensor, got {type(alpha).__name__}")
     try:
@@ -82,8 +100,8 @@ def _alpha_in_compute_dtype(alpha: float | Tensor, x: Tensor) -> Tensor:
         raise ValueError("alpha must be finite and >= 0, got an integer beyond the float64 range") from None
     if not (math.isfinite(number) and number >= 0):
         raise ValueError(f"alpha must be finite and >= 0, got {alpha}")
-    value = torch.tensor(number, dtype=torch.float64).to(x.dtype)  # the one rounding (none for float64)
-    if torch.isinf(value):
+    value = _round_to_dtype(number, x.dtype)
+    if math.isinf(value):
         raise ValueError(
             f"alpha={alpha} exceeds the largest {x.dtype} value {largest:.6g}, so the pruned values "
             "sign(x)*alpha cannot be represented"
@@ -93,7 +111,28 @@ def _alpha_in_compute_dtype(alpha: float | Tensor, x: Tensor) -> Tensor:
             f"alpha={alpha} is below 2^24 / (largest {layout.float_dtype} value) = {smallest:.3g}, the "
             "smallest alpha whose keep probabilities |x|/alpha the 24-bit decisions resolve; 0 prunes nothing"
         )
-    return value.to(x.device, layout.float_dtype)
+    return value
+
+
+def _round_to_dtype(value: float, dtype: torch.dtype) -> float:
+    """value rounded to dtype (through float32, as torch's casts of float64 do), on the host."""
+    if dtype == torch.float64:
+        return value
+    with np.errstate(over="ignore"):
+        single = np.float32(value)
+    if dtype == torch.float16:
+        with np.errstate(over="ignore"):
+            return float(np.float16(single))
+    if dtype == torch.bfloat16:  # round to nearest even on the upper 16 bits (finite values)
+        bits = int(single.view(np.uint32))
+        if np.isfinite(single):
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return float(np.uint32(bits).view(np.float32))
+    return float(single)
+
+
+def _number_tensor(value: float, x: Tensor) -> Tensor:
+    return torch.tensor(value, dtype=compute_layout(x.dtype).float_dtype, device=x.device)
 
 
 @CpuCompiled
@@ -126,26 +165,27 @@ def _check_sparsity(sparsity: float) -> None:
 
 
 def _finish(alpha: Tensor, target: Tensor, x: Tensor) -> Tensor:
-    """0 (no pruning) where nothing needs pruning; see `_usable_threshold`."""
-    return _usable_threshold(torch.where((target > 0) & torch.isfinite(alpha), alpha, 0.0), x)
+    """0 (no pruning) where nothing needs pruning; see `usable_threshold`."""
+    return usable_threshold(torch.where((target > 0) & torch.isfinite(alpha), alpha, 0.0), x)
 
 
-def _usable_threshold(alpha: Tensor, x: Tensor) -> Tensor:
-    """alpha in the compute dtype of stochastic_prune on x, at most x's largest finite value (a larger
-    threshold prunes as that one does)."""
-    return alpha.clamp(max=torch.finfo(x.dtype).max).to(compute_layout(x.dtype).float_dtype)
-
-
-def lognormal_threshold(x: Tensor, sparsity: float, backend: Backend = "auto") -> Tensor:
+def lognormal_threshold(
+    x: Tensor,
+    sparsity: float,
+    backend: Backend = "auto",
+    mask: Tensor | None = None,
+    rule: Rule = "mixture",
+) -> Tensor:
     """0-d alpha such that stochastic_prune(x, alpha) has expected fraction of zeros `sparsity`.
 
     Counts zeros already in x (ReLU zeros); fits (mu, sigma) of ln|x| from `log_moments` and inverts the
-    closed-form lognormal sparsity on device: no sort, no host sync.
+    closed-form lognormal sparsity on device: no sort, no host sync (two kernel launches on CUDA). With a
+    `mask` (e.g. the gradient at the following BatchNorm's output), `rule` says how the elements where it is
+    zero are treated (see `fit_statistics`).
     """
     x = check_float(x, "lognormal_threshold")
     _check_sparsity(sparsity)
-    alpha = lognormal_threshold_from_moments(log_moments(x, backend), x.numel(), sparsity)
-    return _usable_threshold(alpha, x)
+    return fit_statistics(x, mask, sparsity, rule, backend=backend)[2]
 
 
 def lognormal_threshold_from_moments(moments: Tensor, numel: int | Tensor, sparsity: float) -> Tensor:
