@@ -17,7 +17,7 @@ from gradcomp.compress import GradientCopy, LayerStats, compress, plan
 from gradcomp.config import resolve_config
 from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split
 from gradcomp.models import create_model
-from gradcomp.policies import Prune
+from gradcomp.policies import Prune, parse_policy
 
 DEFAULT = yaml.safe_load((Path(__file__).parents[1] / "config" / "default.yaml").read_text())
 
@@ -185,3 +185,42 @@ def test_infeasible_cosine_leaves_every_layer_at_its_limit():
     assert zeros / sum(out.numel() for out in outputs) < 0.9
     assert all(float(stats.cosine) > 0.99 - 0.01 for stats in layers)
     assert math.isfinite(float(layers[0].truncation))
+
+
+def test_per_group_cosine_limits_and_max_sparsity_as_the_reference_flags():
+    """The reference's `--layers_cos_sim layer2 --cos_sim 0.95 ... --max_sparsity 0.9`: layers named after a
+    group keep its cosine, the others are only capped, and the overall target holds."""
+    policy = Prune(0.8, cosine_groups="layer2=0.95;layer3=0.98", max_sparsity=0.9)
+    names = ["stem", "layer1.0", "layer2.0", "layer2.1", "layer3.0", "layer3.1"]
+    assert [policy.cosine_limit(name) for name in names] == [None, None, 0.95, 0.95, 0.98, 0.98]
+    layers = [LayerStats() for _ in names]
+    for step in range(3):
+        plan(policy, layers, refresh=True)
+        outputs = [
+            compress(policy, GradientCopy(g, step, layer=name), stats)
+            for g, stats, name in zip(_synthetic_layers(step), layers, names, strict=True)
+        ]
+    zeros = sum(int((out == 0).sum()) for out in outputs)
+    assert zeros / sum(out.numel() for out in outputs) == pytest.approx(0.8, abs=0.01)
+    sparsity = [float((out == 0).double().mean()) for out in outputs]
+    assert all(value <= 0.9 + 0.01 for value in sparsity)
+    for stats in layers[2:]:
+        alpha_n = stats.threshold.double() * torch.exp(-stats.mu)
+        predicted = float(lognormal.truncated_cosine_similarity(alpha_n, stats.sigma, stats.truncation))
+        assert predicted >= stats.min_cosine - 1e-6
+    assert layers[0].min_cosine is None and layers[0].cosine is None
+
+
+@pytest.mark.parametrize(
+    ("spec", "match"),
+    [
+        ("prune:cosine_groups=layer2", "pattern=cosine"),
+        ("prune:cosine_groups=layer2=1.5", "pattern=cosine"),
+        ("prune:min_cosine=0.9,cosine_groups=layer2=0.9", "not both"),
+        ("prune:max_sparsity=0.9", "max_sparsity needs"),
+        ("prune:sparsity=0.9,min_cosine=0.9,max_sparsity=0.8", "max_sparsity must be in"),
+    ],
+)
+def test_bad_heterogeneous_settings_are_refused(spec, match):
+    with pytest.raises(ValueError, match=match):
+        parse_policy(spec)

@@ -21,7 +21,7 @@ from gradcomp.kernels.rng import block_random_uint32, random_uint32, uniform24
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
 
-RANGE_TILE = (32, 256)  # rows x columns of one step of the range kernel
+RANGE_TILE = (32, 256)  # groups x elements along them in one step of the range kernel
 RANGE_STEPS = 8  # steps of a range program along the reduced axis
 BLOCK_GROUPS = 128
 BLOCK_COLUMNS = 256
@@ -56,41 +56,27 @@ def _range_kernel(
     n_rows,
     n_columns,
     COLUMNS: tl.constexpr,
-    TILE_R: tl.constexpr,
-    TILE_C: tl.constexpr,
+    GROUPS: tl.constexpr,
+    ALONG: tl.constexpr,
     STEPS: tl.constexpr,
 ):
-    """Partial (min, max) of each group over STEPS tiles along the reduced axis (NaN propagates, as in
-    torch.aminmax): partial[0 or 1, piece, group]."""
+    """Partial (min, max) of GROUPS groups over STEPS tiles of ALONG elements along the reduced axis (NaN
+    propagates, as in torch.aminmax): partial[0 or 1, piece, group]."""
     piece = tl.program_id(0)
     other = tl.program_id(1)
     groups = n_columns if COLUMNS else n_rows
-    if COLUMNS:  # groups are columns: reduce over rows
-        columns = other * TILE_C + tl.arange(0, TILE_C)
-        low = tl.full((TILE_C,), float("inf"), tl.float32)
-        high = tl.full((TILE_C,), -float("inf"), tl.float32)
-        for step in range(STEPS):
-            rows = (piece * STEPS + step) * TILE_R + tl.arange(0, TILE_R)
-            inside = (rows[:, None] < n_rows) & (columns[None, :] < n_columns)
-            offsets = rows[:, None].to(tl.int64) * n_columns + columns[None, :]
-            tile = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
-            tile_low, tile_high = _tile_range(tile, inside, 0)
-            low = _min_nan(low, tile_low)
-            high = _max_nan(high, tile_high)
-        group = columns
-    else:  # groups are rows: reduce over columns
-        rows = other * TILE_R + tl.arange(0, TILE_R)
-        low = tl.full((TILE_R,), float("inf"), tl.float32)
-        high = tl.full((TILE_R,), -float("inf"), tl.float32)
-        for step in range(STEPS):
-            columns = (piece * STEPS + step) * TILE_C + tl.arange(0, TILE_C)
-            inside = (rows[:, None] < n_rows) & (columns[None, :] < n_columns)
-            offsets = rows[:, None].to(tl.int64) * n_columns + columns[None, :]
-            tile = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
-            tile_low, tile_high = _tile_range(tile, inside, 1)
-            low = _min_nan(low, tile_low)
-            high = _max_nan(high, tile_high)
-        group = rows
+    group = other * GROUPS + tl.arange(0, GROUPS)
+    low = tl.full((GROUPS,), float("inf"), tl.float32)
+    high = tl.full((GROUPS,), -float("inf"), tl.float32)
+    for step in range(STEPS):  # tiles along the reduced axis
+        along = (piece * STEPS + step) * ALONG + tl.arange(0, ALONG)
+        rows, columns = (along, group) if COLUMNS else (group, along)
+        inside = (rows[:, None] < n_rows) & (columns[None, :] < n_columns)
+        offsets = rows[:, None].to(tl.int64) * n_columns + columns[None, :]
+        tile = tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32)
+        tile_low, tile_high = _tile_range(tile, inside, 0 if COLUMNS else 1)
+        low = _min_nan(low, tile_low)
+        high = _max_nan(high, tile_high)
     pieces = tl.num_programs(0)
     tl.store(partial_ptr + piece * groups + group, low, mask=group < groups)
     tl.store(partial_ptr + (pieces + piece) * groups + group, high, mask=group < groups)
@@ -204,15 +190,13 @@ def affine_params_triton(x: Tensor, levels: int, columns: bool = False) -> Tenso
     """The stacked `AffineMap` fields (7, groups) in float32 of the rows (or columns) of a 2-D tensor: two
     launches."""
     n_rows, n_columns = x.shape
-    tile_r, tile_c = RANGE_TILE
-    if columns:
-        groups, grid = n_columns, (triton.cdiv(n_rows, tile_r * RANGE_STEPS), triton.cdiv(n_columns, tile_c))
-    else:
-        groups, grid = n_rows, (triton.cdiv(n_columns, tile_c * RANGE_STEPS), triton.cdiv(n_rows, tile_r))
+    groups, length = (n_columns, n_rows) if columns else (n_rows, n_columns)
+    tile_groups, tile_along = RANGE_TILE
+    grid = (triton.cdiv(length, tile_along * RANGE_STEPS), triton.cdiv(groups, tile_groups))
     partial = torch.empty((2, grid[0], groups), dtype=torch.float32, device=x.device)
     launch(
         _range_kernel, grid, x, partial, n_rows, n_columns,
-        COLUMNS=columns, TILE_R=tile_r, TILE_C=tile_c, STEPS=RANGE_STEPS,
+        COLUMNS=columns, GROUPS=tile_groups, ALONG=tile_along, STEPS=RANGE_STEPS,
     )  # fmt: skip
     params = torch.empty((PARAMS, groups), dtype=torch.float32, device=x.device)
     launch(
