@@ -39,8 +39,8 @@ _ITERATIONS: tl.constexpr = lognormal.MIXTURE_ITERATIONS
 def _moments_kernel(
     x_ptr, mask_ptr, partial_ptr, n, MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr
 ):
-    """Partial [count of finite non-zeros, sum ln|x|, sum ln^2|x|, zeros] of one program's elements, for the
-    entries where the mask is non-zero and then (MASKED) for the others."""
+    """Partial [count of finite non-zeros, sum log2|x|, sum log2^2|x|, zeros] of one program's elements, for
+    the entries where the mask is non-zero and then (MASKED) for the others."""
     pid = tl.program_id(0).to(tl.int64)
     count = tl.zeros((BLOCK,), tl.float32)
     sum_log = tl.zeros((BLOCK,), tl.float32)
@@ -56,7 +56,7 @@ def _moments_kernel(
         magnitude = tl.abs(tl.load(x_ptr + offsets, mask=inside, other=0.0).to(tl.float32))
         nonzero = inside & (magnitude > 0) & (magnitude < float("inf"))
         zero = inside & (magnitude == 0)
-        log_abs = tl.log(tl.where(nonzero, magnitude, 1.0))
+        log_abs = tl.log2(tl.where(nonzero, magnitude, 1.0))  # one instruction; ln = log2 * ln 2 below
         if MASKED:
             active = tl.load(mask_ptr + offsets, mask=inside, other=0) != 0
             rest_count += (nonzero & ~active).to(tl.float32)
@@ -222,6 +222,9 @@ def _finish_kernel(
         inside = (rows[:, None] < programs) & (columns[None, :] < fields)
         block = tl.load(partial_ptr + rows[:, None] * fields + columns[None, :], mask=inside, other=0.0)
         totals += tl.sum(block.to(tl.float64), 0)
+    # log2 to ln: the sums times ln 2, the sums of squares times ln^2 2
+    ln2 = 0.6931471805599453
+    totals = totals * tl.where((columns % 4) == 1, ln2, tl.where((columns % 4) == 2, ln2 * ln2, 1.0))
     tl.store(moments_ptr + columns, totals, mask=columns < fields)
     if FIT:
         count = _field(totals, columns, 0)
