@@ -150,7 +150,8 @@ def _fp4_claim(settings: FpTheory, switch_points: list[dict]) -> list:
         for bits in settings.bits
     )
     evidence = (
-        f"optimal E non-decreasing in sigma2 on every grid: {'yes' if monotone else 'no'} ({points}); "
+        f"optimal E non-decreasing in sigma2 on every grid: {'yes' if monotone else 'no'} (switch points on "
+        f"the idealised grid, {points}); "
         f"4-bit optimum at sigma2 {low:g}-{high:g}: E = {', '.join(map(str, fp4))}"
     )
     return [computed("L2", monotone and fp4 == [3], evidence, "analytic (fp_theory), no training")]

@@ -35,8 +35,15 @@ from gradcomp.policies import Prune
 LAYER_KINDS = {"conv_dw": "depthwise", "conv_pwl": "projection", "conv_pw": "expansion", "conv_stem": "stem"}
 
 
-def layer_kind(name: str) -> str:
-    return LAYER_KINDS.get(name.rsplit(".", 1)[-1], "other")
+def layer_kinds(names: list[str]) -> dict[str, str]:
+    """Each layer's kind by the last part of its name; a block's pointwise convolution projects where the
+    block has no separate projection (timm's depthwise-separable blocks), and expands otherwise."""
+    kinds = {name: LAYER_KINDS.get(name.rsplit(".", 1)[-1], "other") for name in names}
+    projected = {name.rsplit(".", 1)[0] for name, kind in kinds.items() if kind == "projection"}
+    for name, kind in kinds.items():
+        if kind == "expansion" and name.rsplit(".", 1)[0] not in projected:
+            kinds[name] = "projection"
+    return kinds
 
 
 def _layer_sparsity(run: Run) -> dict[str, float]:
@@ -51,9 +58,10 @@ def _kind_sparsity(run: Run) -> dict[str, float]:
     """Achieved sparsity of each layer kind (element-weighted over its layers), for models that have them."""
     zeros: dict[str, float] = {}
     elements: dict[str, float] = {}
+    kinds = layer_kinds(list(run.summary["layers"]))
     for name, layer in run.summary["layers"].items():
         if layer["sparsity"] is not None and layer.get("elements"):
-            kind = layer_kind(name)
+            kind = kinds[name]
             zeros[kind] = zeros.get(kind, 0.0) + layer["sparsity"] * layer["elements"]
             elements[kind] = elements.get(kind, 0.0) + layer["elements"]
     return {kind: zeros[kind] / elements[kind] for kind in zeros} if len(zeros) > 1 else {}
@@ -396,16 +404,10 @@ def _predicted_cosine(layer: dict) -> float | None:
     return float(truncated_cosine_similarity(alpha_n, sigma, layer["truncation"]))
 
 
-def _limit(policy: Prune, layer: dict) -> float | None:
-    """The cosine limit a layer was held to: its own where the summary records one, else the policy's."""
-    own = layer.get("min_cosine")
-    return (
-        own
-        if isinstance(own, int | float)
-        else policy.min_cosine
-        if isinstance(policy.min_cosine, int | float)
-        else None
-    )
+def _limit(policy: Prune, name: str) -> float | None:
+    """The cosine limit the layer named `name` was held to (per group, or the same for every layer)."""
+    per_layer = getattr(policy, "cosine_limit", None)
+    return per_layer(name) if per_layer is not None else policy.min_cosine
 
 
 def _cosines(group: RunGroup) -> tuple[PerSeed, PerSeed]:
@@ -420,7 +422,7 @@ def _cosines(group: RunGroup) -> tuple[PerSeed, PerSeed]:
         errors, below = [], []
         for index, (name, layer) in enumerate(run.summary["layers"].items()):
             predicted, measured = _predicted_cosine(layer), layer.get("cosine")
-            limit = _limit(group.policy, layer)
+            limit = _limit(group.policy, name)
             error = None if predicted is None or measured is None else measured - predicted
             layers.add(
                 seed,
