@@ -14,6 +14,7 @@ from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.tables import Record
 from gradcomp.plots.style import subplots, value
 
@@ -214,9 +215,9 @@ def goodness_of_fit(record: Record) -> Figure:
 def _band(ax: Axes, x: list, rows: list[dict], name: str, colour, linestyle: str, band: bool = True):
     """The means of `name` over x, with their 95 % CI as a band where there is one (and `band`)."""
     ax.plot(x, [value(row, name) for row in rows], color=colour, linestyle=linestyle)
-    low = [row.get(f"{name}_ci_low") for row in rows]
-    if band and all(v is not None for v in low):
-        high = [row[f"{name}_ci_high"] for row in rows]
+    intervals = [Estimate.read(row, name).interval for row in rows]
+    if band and all(bounds is not None for bounds in intervals):
+        low, high = zip(*intervals, strict=True)
         ax.fill_between(x, low, high, color=colour, alpha=0.15, linewidth=0)
 
 

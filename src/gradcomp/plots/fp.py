@@ -136,7 +136,7 @@ def scaling_and_split(record: Record) -> Figure:
             label=f"{model} {fmt}",
         )
         positions = [right + 2 * i + 0.3 * index for i in range(len(others))]
-        gap_points(ax, others, positions, color=colour, marker="s")
+        gap_points(ax, others, positions, color=colour, fmt="s")
         for row, position in zip(others, positions, strict=True):
             ax.annotate(
                 row["scaling"],

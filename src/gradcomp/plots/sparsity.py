@@ -90,11 +90,10 @@ def target_vs_achieved_sparsity(record: Record) -> Figure:
     ordered = [row for model in models for row in overall if row["model"] == model]
     positions = {row["run"]: -index for index, row in enumerate(ordered)}
     for row in ordered:
-        low, high = row["error_ci_low"], row["error_ci_high"]
         ax.errorbar(
-            [row["error_mean"]],
+            [value(row, "error")],
             [positions[row["run"]]],
-            xerr=None if low is None else [[row["error_mean"] - low], [high - row["error_mean"]]],
+            xerr=interval([row], "error"),
             fmt=by_model(row),
             color=COLOURS[row["estimator"]],
             markersize=5,
@@ -166,6 +165,8 @@ def accuracy_vs_sparsity(record: Record) -> Figure:
         x = [value(r, "sparsity") for r in arms]
         gap_points(ax, arms, x, color=f"C{index}")
         for row, position in zip(arms, x, strict=True):
+            if index == 0 and row.get("verdict") not in ("better", "worse"):
+                continue  # the first model's arms are named in (a); label only its decided ones here
             ax.annotate(
                 row["label"],
                 (position, value(row, "gap_pt")),

@@ -117,7 +117,7 @@ def accuracy_points(ax: Axes, record: Record, rows: Sequence[dict], colour: str)
 
 def gap_points(ax: Axes, rows: Sequence[dict], positions: Sequence[float], **style) -> None:
     """Each row's paired difference from its reference (the estimate "gap_pt") with its 95 % interval;
-    filled where the verdict is better or worse, hollow otherwise."""
+    filled where the verdict is better or worse, hollow otherwise (`style`: errorbar's, e.g. fmt="s")."""
     for row, position in zip(rows, positions, strict=True):
         gap = Estimate.read(row, "gap_pt")
         if gap is None or gap.n == 0:
@@ -127,7 +127,7 @@ def gap_points(ax: Axes, rows: Sequence[dict], positions: Sequence[float], **sty
         decided = row.get("verdict") in ("better", "worse")
         fill = style.get("color", "C0") if decided else "white"
         ax.errorbar(
-            [position], [gap.mean], yerr=error, fmt="o", capsize=3, **{"markerfacecolor": fill, **style}
+            [position], [gap.mean], yerr=error, **{"fmt": "o", "capsize": 3, "markerfacecolor": fill, **style}
         )
 
 
