@@ -1,5 +1,6 @@
-# Regenerates every table and figure of the project: training runs (one job per run and seed) -> each
-# experiment's numbers (compute) -> its figure (draw) -> SUMMARY.md, and one report page per experiment.
+# Regenerates every table and figure of the project: training jobs (each trains (run, seed) pairs one after
+# the other) -> each experiment's numbers (compute) -> its figure (draw) -> SUMMARY.md, and one report page per
+# experiment.
 # Rules live in workflow/rules/, one file per stage, and only wire files to `gradcomp` CLI verbs from what
 # gradcomp.experiments declares. Run with --configfile config/<name>.yaml; without one, config/default.yaml is
 # used (a --configfile replaces it rather than being merged into it).

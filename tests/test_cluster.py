@@ -1,4 +1,4 @@
-"""The SLURM profile, the workflow's conda environment and the training jobs' logs across attempts."""
+"""The SLURM and GPU profiles, the workflow's conda environment, training jobs' logs across attempts."""
 
 import os
 import re
@@ -7,6 +7,8 @@ from pathlib import Path
 
 import yaml
 from helpers import SNAKEMAKE, pins
+
+from gradcomp.pipeline import seeds, training_jobs
 
 ROOT = Path(__file__).resolve().parents[1]
 PROFILE = ROOT / "workflow" / "profiles" / "slurm" / "config.yaml"
@@ -41,18 +43,19 @@ def test_every_rule_uses_the_workflow_env_which_pins_the_requirements_and_surviv
 def test_a_retried_training_job_keeps_every_attempts_output_and_imports_gradcomp_from_the_checkout(tmp_path):
     bin_folder = tmp_path / "bin"
     bin_folder.mkdir()
-    python = bin_folder / "python"  # stands in for `python -m gradcomp run --spec S --out FOLDER`
+    python = bin_folder / "python"  # stands in for `python -m gradcomp run --job J --manifest FILE`
     python.write_text(
         "#!/bin/bash\n"
-        'while [ $# -gt 0 ]; do [ "$1" = --out ] && out=$2; shift; done\n'
+        'while [ $# -gt 0 ]; do [ "$1" = --manifest ] && manifest=$2; shift; done\n'
         'echo "PYTHONPATH=$PYTHONPATH"\n'
         'if [ ! -e failed-once ]; then touch failed-once; echo "attempt one fails"; exit 1; fi\n'
-        'echo "attempt two trains"; mkdir -p "$out"; echo "{}" > "$out/summary.json"\n'
+        'echo "attempt two trains"; mkdir -p "$(dirname "$manifest")"; echo "{}" > "$manifest"\n'
     )
     python.chmod(0o755)
     work = tmp_path / "work"
     work.mkdir()
-    target = "results/tiny/runs/baseline/seed0/summary.json"
+    job = "baseline"  # tests/pipeline_tiny.yaml trains each run's seeds in one job
+    target = f"results/tiny/jobs/{job}.json"
     config = str(ROOT / "tests" / "pipeline_tiny.yaml")
     workflow = ["--snakefile", str(ROOT / "Snakefile"), "--directory", str(work), "--configfile", config]
     run = subprocess.run(
@@ -64,9 +67,34 @@ def test_a_retried_training_job_keeps_every_attempts_output_and_imports_gradcomp
     )
     assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-3000:]
     logs = work / "results" / "tiny" / "logs"
-    attempts = (logs / "train_baseline_seed0.attempts.log").read_text()
+    attempts = (logs / f"train_{job}.attempts.log").read_text()
     assert attempts.count("== attempt started") == 2
     assert attempts.index("attempt one fails") < attempts.index("attempt two trains")
-    latest = (logs / "train_baseline_seed0.log").read_text()
+    latest = (logs / f"train_{job}.log").read_text()
     assert "attempt two trains" in latest and "attempt one fails" not in latest
     assert f"PYTHONPATH={ROOT / 'src'}" in latest
+
+
+def test_the_gpu_config_packs_its_pairs_into_jobs_that_share_one_gpu():
+    config = yaml.safe_load((ROOT / "config" / "gpu.yaml").read_text())
+    jobs = training_jobs(config)
+    pairs = [(run, seed) for run in config["runs"] for seed in seeds(config, run)]
+    assert [pair for job in jobs.values() for pair in job.items] == pairs
+    assert all(job.steps <= config["job_steps"] for job in jobs.values())
+    assert len(jobs) < len(pairs) / 3  # one process start-up serves several pairs
+    for claim in ("baseline", "prune_85", "fp_e4m1", "qat8", "int5_bhq"):
+        assert len(seeds(config, claim)) >= 8
+    # every training job holds one `gpu_jobs` unit; the profile lets 8 of them share the machine's GPU
+    profile = yaml.safe_load((ROOT / "workflow" / "profiles" / "gpu" / "config.yaml").read_text())
+    assert "gpu_jobs=8" in profile["resources"]
+    assert "gpu_jobs=1 if GPUS else 0" in (ROOT / "workflow" / "rules" / "train.smk").read_text()
+    dry = subprocess.run(
+        [str(SNAKEMAKE), "-n", "--profile", "workflow/profiles/gpu", "--configfile", "config/gpu.yaml"],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    assert dry.returncode == 0, dry.stdout[-3000:] + dry.stderr[-3000:]
+    counts = dict(re.findall(r"^(\w+)\s+(\d+)$", dry.stdout, re.MULTILINE))
+    assert int(counts["train"]) == len(jobs)

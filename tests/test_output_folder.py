@@ -59,6 +59,17 @@ def test_resume_continues_an_interrupted_run(tmp_path, finished):
     assert read_metrics(run_dir)[: len(earlier)] == earlier
 
 
+def test_resuming_a_finished_probed_run_rewrites_its_summary_and_keeps_its_files(tmp_path):
+    """What a pipeline job does when it runs again: every pair it trains resumes, finished ones too."""
+    probe = {"every": 1, "kinds": ["gradient"], "reservoir": 64}
+    _, run_dir = train_run(tmp_path, "run", max_steps=2, probe=probe)
+    before = _contents(run_dir)
+    summary, _ = train_run(tmp_path, "run", max_steps=2, probe=probe, resume=True)
+    assert summary["steps"] == 2
+    after = _contents(run_dir)
+    assert after["probe.npz"] == before["probe.npz"] and after["metrics.jsonl"] == before["metrics.jsonl"]
+
+
 def test_overwrite_deletes_the_run_files_only_and_starts_afresh(tmp_path, finished):
     run_dir = _copy(finished, tmp_path / "run")
     (run_dir / "probe.npz").write_bytes(b"a previous run's probe")

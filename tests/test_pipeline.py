@@ -11,10 +11,18 @@ from snakemake.exceptions import WorkflowError
 from snakemake.utils import validate
 
 from gradcomp.experiments import CLAIMS
-from gradcomp.pipeline import check_config, experiment_reads, figure_files, run_spec, seeds
+from gradcomp.pipeline import (
+    check_config,
+    experiment_reads,
+    figure_files,
+    job_of,
+    run_spec,
+    seeds,
+    training_jobs,
+)
 
 
-@pytest.mark.parametrize("name", ["default", "cifar10", "imagenet"])
+@pytest.mark.parametrize("name", ["default", "gpu", "cifar10", "imagenet"])
 def test_dry_run_of_every_shipped_config(name):
     # --forceall: the whole DAG even where `make run` has already produced the outputs
     dry = run_snakemake("-n", "--forceall", "--cores", "2", "--configfile", f"config/{name}.yaml")
@@ -83,8 +91,27 @@ def test_run_specs_merge_shared_and_own_keys_and_the_seed():
     assert run_spec(config, "qat8", 2)["forward_bits"] == 8 and run_spec(config, "qat8", 2)["seed"] == 2
     assert run_spec(config, "qat8", 0)["model"] == config["train"]["model"]
     config["runs"]["qat8"]["seeds"] = [5, 6]
-    assert seeds(config, "qat8") == [5, 6] and seeds(config, "baseline") == config["seeds"]
+    assert seeds(config, "qat8") == [5, 6] and seeds(config, "fp_e3m1") == config["seeds"]
     assert "seeds" not in run_spec(config, "qat8", 5)
+
+
+def test_training_jobs_pack_every_pair_once_in_config_order_up_to_job_steps():
+    config = yaml.safe_load((ROOT / "tests" / "pipeline_tiny.yaml").read_text())
+    pairs = [(run, seed) for run in config["runs"] for seed in seeds(config, run)]
+    for limit in (None, 10, 20, 35, 10_000):
+        config["job_steps"] = limit
+        jobs = training_jobs(config)
+        assert [pair for job in jobs.values() for pair in job.items] == pairs  # each once, in order
+        assert all(job.steps == 10 * len(job.items) for job in jobs.values())  # 10 steps a pair
+        assert all(job.steps <= (limit or 10) for job in jobs.values())
+        assert all(job_of(jobs, run, seed) in jobs for run, seed in pairs)
+    config["job_steps"] = None
+    assert len(training_jobs(config)) == len(pairs)  # unset: a job per pair
+    config["job_steps"] = 20
+    jobs = training_jobs(config)
+    assert jobs["baseline"].items == (("baseline", 0), ("baseline", 1))  # a whole run is named by the run
+    assert job_of(jobs, "other_baseline", 1) == "other_baseline.seed1..other_prune_85.seed0"
+    assert len(training_jobs({**config, "job_steps": 9})) == len(pairs)  # a longer pair is a job alone
 
 
 def test_what_each_experiment_reads():
@@ -93,11 +120,12 @@ def test_what_each_experiment_reads():
         "baseline",
         *(run for run in config["runs"] if run != "baseline"),
     ]
-    assert experiment_reads(config, "A1")["baseline"] == config["seeds"]  # every seed by default
+    assert experiment_reads(config, "A1")["short_baseline"] == config["seeds"]  # every seed by default
+    assert experiment_reads(config, "A3") == {"baseline": [0, 1, 2]}  # the seeds its setting names
     config["experiments"]["B1"]["seeds"] = [1]
     assert experiment_reads(config, "B1") == {"qat8": [1]}
     assert experiment_reads(config, "A4") == {}
-    assert experiment_reads(config, "A5")["baseline"] == config["seeds"]
+    assert experiment_reads(config, "A5")["baseline"] == seeds(config, "baseline")
 
 
 def test_parsing_the_workflow_imports_neither_torch_nor_matplotlib():
@@ -149,7 +177,7 @@ def test_whole_pipeline_runs_end_to_end_on_a_tiny_config(tmp_path):
     result = run_snakemake("--cores", "2", "--configfile", config_path, cwd=work)
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
     config = yaml.safe_load((work / config_path).read_text())
-    for run in config["runs"]:  # every (run, seed) is its own training job
+    for run in config["runs"]:  # every (run, seed) trains into its own folder
         assert [p.name for p in sorted((work / "results" / "tiny" / "runs" / run).iterdir())] == [
             f"seed{seed}" for seed in seeds(config, run)
         ]

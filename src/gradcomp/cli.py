@@ -61,13 +61,54 @@ def _train(args: argparse.Namespace) -> None:
 
 
 def _run(args: argparse.Namespace) -> None:
+    """Train a job's (run, seed) pairs one after the other in this process; each resumes from its checkpoint
+    (a finished one only rewrites its summary). Every pair's config is checked before any trains."""
+    import os
+    import socket
+    from datetime import datetime
+
+    started = datetime.now().astimezone()  # before the imports: the manifest shows the whole start-up
     from gradcomp.config import resolve_config
     from gradcomp.train import train
 
-    spec = json.loads(args.spec)
-    config = resolve_config(None, **{**spec, "out": args.out, "resume": True, "progress": False})
-    summary = train(config)
-    print(f"{config.out}: test accuracy {summary['final_test_accuracy']:.4f}")
+    items = json.loads(args.job)
+    configs = [
+        resolve_config(None, **{**item["spec"], "out": item["out"], "resume": True, "progress": False})
+        for item in items
+    ]
+    main = os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 alone reports
+    trained = []
+    for index, (item, config) in enumerate(zip(items, configs, strict=True), start=1):
+        began = datetime.now().astimezone()
+        summary = train(config)
+        ended = datetime.now().astimezone()
+        trained.append(
+            {
+                "run": item["run"],
+                "seed": item["seed"],
+                "out": item["out"],
+                "started": began.isoformat(),
+                "finished": ended.isoformat(),
+                "steps": summary["steps"],
+                "final_test_accuracy": summary["final_test_accuracy"],
+            }
+        )
+        if main:
+            seconds = (ended - began).total_seconds()
+            accuracy = summary["final_test_accuracy"]
+            print(
+                f"[{index}/{len(items)}] {config.out}: test accuracy {accuracy:.4f} ({seconds:.1f} s)",
+                flush=True,
+            )
+    if main and args.manifest:
+        manifest = {
+            "host": socket.gethostname(),
+            "started": started.isoformat(),
+            "finished": datetime.now().astimezone().isoformat(),
+            "items": trained,
+        }
+        Path(args.manifest).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.manifest).write_text(json.dumps(manifest, indent=1) + "\n")
 
 
 def _experiment(experiment_id: str):
@@ -187,10 +228,18 @@ def build_parser() -> argparse.ArgumentParser:
     train.set_defaults(run=_train)
 
     run = verbs.add_parser(
-        "run", parents=[debug], help="one pipeline training run (resumes from its checkpoint if any)"
+        "run",
+        parents=[debug],
+        help="a pipeline training job: runs at seeds one after the other (each resumes from its checkpoint)",
     )
-    run.add_argument("--spec", required=True, help="JSON mapping of training config keys")
-    run.add_argument("--out", required=True, help="output directory")
+    run.add_argument(
+        "--job",
+        required=True,
+        help='JSON list of {"run": NAME, "seed": K, "out": FOLDER, "spec": {training config keys}}',
+    )
+    run.add_argument(
+        "--manifest", help="JSON file written at the end: each pair's folder, accuracy and times"
+    )
     run.set_defaults(run=_run)
 
     compute = verbs.add_parser(

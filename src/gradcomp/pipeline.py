@@ -2,19 +2,23 @@
 
 A config names training runs (`runs`: a policy string or a mapping of training keys, on top of the shared
 `train` keys), the seeds each run is trained with (`seeds`, overridable per run) and experiments
-(`experiments`: ID -> settings, see `gradcomp.experiments`). Every (run, seed) pair is one training job
-writing `results/<config>/runs/<run>/seed<k>/`. Nothing here imports torch or matplotlib.
+(`experiments`: ID -> settings, see `gradcomp.experiments`). Every (run, seed) pair writes
+`results/<config>/runs/<run>/seed<k>/`; a training job trains several pairs one after the other (runs in
+config order, each run's seeds in order) up to `job_steps` optimizer steps, so that one process start-up
+(imports, data, compilation) serves them all. Nothing here imports torch or matplotlib.
 """
 
 from __future__ import annotations
 
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
 from gradcomp.config import known_keys, resolve_config
+from gradcomp.datasets import DATASETS
 from gradcomp.experiments import COMPUTED, DRAWN, experiments
 
 DEFAULT_SEEDS = (0,)
@@ -38,6 +42,73 @@ def run_spec(config: Mapping[str, Any], run: str, seed: int) -> dict[str, Any]:
 
 def run_folder(results: str, run: str, seed: int) -> str:
     return f"{results}/runs/{run}/seed{seed}"
+
+
+def run_steps(config: Mapping[str, Any], run: str) -> int:
+    """Optimizer steps of one seed of `run`, from its training keys and the dataset's size (no data read)."""
+    train = resolve_config(None, **run_spec(config, run, 0))
+    images = DATASETS[train.dataset].training_images(train.subset_per_class)
+    steps = train.epochs * (images // train.batch_size)
+    return steps if train.max_steps is None else min(steps, train.max_steps)
+
+
+@dataclass(frozen=True)
+class TrainingJob:
+    """(run, seed) pairs one process trains one after the other; `name` says which (`first..last` run)."""
+
+    name: str
+    items: tuple[tuple[str, int], ...]
+    steps: int
+
+
+def training_jobs(config: Mapping[str, Any]) -> dict[str, TrainingJob]:
+    """Every (run, seed) pair of the config in training jobs of at most `job_steps` optimizer steps (a pair
+    longer than that is a job alone); without `job_steps`, one job per pair."""
+    limit = config.get("job_steps")
+    pending: list[tuple[str, int]] = []
+    jobs: list[TrainingJob] = []
+    steps = 0
+    for run in config["runs"]:
+        cost = run_steps(config, run)
+        for seed in seeds(config, run):
+            if pending and (limit is None or steps + cost > limit):
+                jobs.append(_job(config, pending, steps))
+                pending, steps = [], 0
+            pending.append((run, seed))
+            steps += cost
+    jobs.append(_job(config, pending, steps))
+    return {job.name: job for job in jobs}
+
+
+def _job(config: Mapping[str, Any], items: list[tuple[str, int]], steps: int) -> TrainingJob:
+    def part(run: str) -> str:
+        chosen = [seed for name, seed in items if name == run]
+        if chosen == seeds(config, run):
+            return run
+        return f"{run}.seed{chosen[0]}" + (f"-{chosen[-1]}" if len(chosen) > 1 else "")
+
+    runs = list(dict.fromkeys(run for run, _ in items))
+    name = part(runs[0]) if len(runs) == 1 else f"{part(runs[0])}..{part(runs[-1])}"
+    return TrainingJob(name, tuple(items), steps)
+
+
+def job_of(jobs: Mapping[str, TrainingJob], run: str, seed: int) -> str:
+    """The name of the job that trains `run` at `seed`."""
+    return next(name for name, job in jobs.items() if (run, seed) in job.items)
+
+
+def job_threads(config: Mapping[str, Any]) -> int:
+    """CPU cores a training job holds: the runs' torch `threads` (else 1 on CPU, 4 per GPU) per process."""
+    gpus = config.get("gpus", 0)
+    return (config["train"].get("threads") or (4 if gpus else 1)) * max(1, gpus)
+
+
+def job_items(config: Mapping[str, Any], job: TrainingJob, results: str) -> list[dict[str, Any]]:
+    """What `gradcomp run --job` reads: each pair's run, seed, folder and training keys."""
+    return [
+        {"run": run, "seed": seed, "out": run_folder(results, run, seed), "spec": run_spec(config, run, seed)}
+        for run, seed in job.items
+    ]
 
 
 def experiment_reads(config: Mapping[str, Any], experiment: str) -> dict[str, list[int]]:

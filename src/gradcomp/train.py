@@ -555,6 +555,7 @@ def _train(config: TrainConfig, processes: Processes, device: torch.device) -> d
     if resuming:
         run.restore(_load_checkpoint(checkpoint_path, run.device, config, processes.world_size))
     progress = run.progress
+    resumed_at = progress.step
 
     def start_files() -> None:
         if config.overwrite:
@@ -644,7 +645,9 @@ def _train(config: TrainConfig, processes: Processes, device: torch.device) -> d
     def write_results() -> None:
         text = json.dumps(summary, indent=2).encode()
         _atomic_write(run.out / "summary.json", lambda handle: handle.write(text))
-        if run.probe is not None:
+        # the probe holds the steps trained in this call: a finished run resumed (e.g. again in a
+        # pipeline job) keeps the probe.npz its training wrote
+        if run.probe is not None and progress.step > resumed_at:
             run.probe.write(run.out / "probe.npz")
 
     processes.on_main(write_results)

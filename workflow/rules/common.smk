@@ -1,5 +1,6 @@
 import json
 import os
+import re
 import shlex
 
 from snakemake.utils import validate
@@ -10,9 +11,11 @@ from gradcomp.pipeline import (
     check_schema,
     experiment_reads,
     figure_files,
+    job_items,
+    job_of,
+    job_threads,
     run_folder,
-    run_spec,
-    seeds,
+    training_jobs,
 )
 
 # check_schema reports every violation, one line each; validate then fills in the defaults
@@ -26,6 +29,7 @@ EXPERIMENTS = experiments()
 RESULTS = f"results/{config['name']}"
 FIGURES = f"figures/{config['name']}"
 GPUS = config.get("gpus", 0)
+JOBS = training_jobs(config)
 LAUNCHER = (
     f"torchrun --standalone --nproc_per_node={GPUS} -m gradcomp"
     if GPUS > 1
@@ -36,6 +40,7 @@ LAUNCHER = (
 wildcard_constraints:
     run="[A-Za-z0-9_.-]+",
     seed="[0-9]+",
+    job="|".join(re.escape(name) for name in JOBS),
     exp="|".join(EXPERIMENTS),
     slug="|".join(experiment.slug for experiment in EXPERIMENTS.values()),
 
@@ -44,12 +49,24 @@ def experiment_path(exp, extension):
     return f"{FIGURES}/{EXPERIMENTS[exp].prefix}.{extension}"
 
 
-def run_summaries(wildcards):
-    return [
-        f"{run_folder(RESULTS, run, seed)}/summary.json"
-        for run, chosen in experiment_reads(config, wildcards.exp).items()
-        for seed in chosen
-    ]
+def training_manifests(wildcards):
+    """The manifests of the training jobs that train the runs and seeds the experiment reads."""
+    return sorted(
+        {
+            f"{RESULTS}/jobs/{job_of(JOBS, run, seed)}.json"
+            for run, chosen in experiment_reads(config, wildcards.exp).items()
+            for seed in chosen
+        }
+    )
+
+
+def job_minutes(wildcards):
+    """The job's wall-time request on a cluster: `train_minutes` per (run, seed) pair it trains."""
+    return config["train_minutes"] * len(JOBS[wildcards.job].items)
+
+
+def job_json(wildcards):
+    return shlex.quote(json.dumps(job_items(config, JOBS[wildcards.job], RESULTS)))
 
 
 def settings_json(wildcards):
@@ -76,13 +93,9 @@ def caption(wildcards, input):
 
 
 def all_outputs():
-    # The run summaries and the experiments' settings files (under results/) are targets too: the figures of
+    # The training jobs' manifests and the experiments' settings files (under results/) are targets too: the figures of
     # the default config are committed, and without them among the targets a fresh clone would count those
     # figures as up to date and neither train nor compute anything.
-    trained = [
-        f"{run_folder(RESULTS, run, seed)}/summary.json"
-        for run in config["runs"]
-        for seed in seeds(config, run)
-    ]
+    trained = [f"{RESULTS}/jobs/{job}.json" for job in JOBS]
     settings = [f"{RESULTS}/experiments/{exp}.json" for exp in config["experiments"]]
     return trained + settings + [f"{FIGURES}/{name}" for name in figure_files(config)]

@@ -30,7 +30,7 @@ rule settings:
 
 rule compute:
     input:
-        runs=run_summaries,
+        runs=training_manifests,
         settings=f"{RESULTS}/experiments/{{exp}}.json",
     output:
         numbers=f"{FIGURES}/{{exp}}_{{slug}}.json",

@@ -1,26 +1,28 @@
-# The job's output goes to its log, which Snakemake deletes before every attempt (a retry under the profile's
-# `retries`, or a rerun), and is appended to <log stem>.attempts.log, which keeps every attempt's output, each
-# after a line with its start time and host.
+# One job trains several (run, seed) pairs one after the other (gradcomp.pipeline.training_jobs), each into
+# its folder results/<config>/runs/<run>/seed<k>/, and writes a manifest (the job's output). The job's output
+# goes to its log, which Snakemake deletes before every attempt (a retry under the profile's `retries`, or a
+# rerun), and is appended to <log stem>.attempts.log, which keeps every attempt's output, each after a line
+# with its start time and host. An attempt resumes every pair from its checkpoint: finished pairs only
+# rewrite their summaries.
 rule train:
     output:
-        summary=f"{RESULTS}/runs/{{run}}/seed{{seed}}/summary.json",
+        f"{RESULTS}/jobs/{{job}}.json",
     log:
-        f"{RESULTS}/logs/train_{{run}}_seed{{seed}}.log",
+        f"{RESULTS}/logs/train_{{job}}.log",
     conda:
         "../envs/gradcomp.yaml"
-    threads: 1 if GPUS == 0 else 4 * GPUS
+    threads: job_threads(config)
     resources:
         gpu=GPUS,
-        runtime=config.get("train_minutes", 60),
+        # training jobs sharing the GPUs at once: a profile's or the command line's `gpu_jobs` caps them
+        gpu_jobs=1 if GPUS else 0,
+        runtime=job_minutes,
     params:
-        spec=lambda wildcards: shlex.quote(
-            json.dumps(run_spec(config, wildcards.run, int(wildcards.seed)))
-        ),
-        folder=lambda wildcards, output: os.path.dirname(output.summary),
+        job=job_json,
         launcher=LAUNCHER,
         compile=int(config["cpu_compile"]),
-        attempts=f"{RESULTS}/logs/train_{{run}}_seed{{seed}}.attempts.log",
+        attempts=f"{RESULTS}/logs/train_{{job}}.attempts.log",
     shell:
         '{{ echo "== attempt started $(date -Iseconds) on $(hostname)"; '
-        "GRADCOMP_COMPILE={params.compile} {params.launcher} run --spec {params.spec} "
-        "--out {params.folder} 2>&1; }} | tee -a {params.attempts} > {log}"
+        "GRADCOMP_COMPILE={params.compile} {params.launcher} run --job {params.job} "
+        "--manifest {output} 2>&1; }} | tee -a {params.attempts} > {log}"

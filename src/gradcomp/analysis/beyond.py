@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from collections import defaultdict
 
@@ -17,8 +18,8 @@ from gradcomp.analysis.accuracy import (
     run_row,
     scale_note,
 )
-from gradcomp.analysis.runs import Run, RunGroup, training_context
-from gradcomp.analysis.seeds import POSITIVE
+from gradcomp.analysis.runs import Run, RunGroup, model_key, training_context
+from gradcomp.analysis.seeds import FRACTION, POSITIVE, Estimate
 from gradcomp.analysis.synthetic import signed_lognormal
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, compare, summarise
@@ -57,19 +58,38 @@ def _pareto(rows: list[dict]) -> list[dict]:
 
 
 def _x1_caption(model: str, runs: dict[str, RunGroup]) -> str:
-    return f"""Final test accuracy of every training run of {model} (mean and 95 % CI over seeds, both axes;
-        runs of other models are left out) against the bits its compressed neural gradients take per
-        element. {BITS_RULE} The line joins the runs on the Pareto front of the means (no other run has
-        fewer bits and a higher mean accuracy); whether a front run differs from fp32 is tested below (paired
-        by seed, Holm over them, equivalence by two one-sided tests at the settings' margin), and the
-        differences between neighbouring runs are judged in A5, A8 and B4. {training_context(runs)}."""
+    return f"""Final test accuracy of every training run of {model} at one training scale (mean and 95 % CI
+        over seeds, both axes; runs of other models or scales are left out) against the bits its compressed
+        neural gradients take per element. {BITS_RULE} The line joins the runs on the Pareto front of the
+        means (no other run has fewer bits and a higher mean accuracy); whether a front run differs from
+        fp32 is tested below (paired by seed, Holm over them, equivalence by two one-sided tests at the
+        settings' margin), and the differences between neighbouring runs are judged in A5, A8 and B4.
+        {training_context(runs)}."""
+
+
+def learning_curve(group: RunGroup) -> list[dict]:
+    """Test accuracy after each epoch (mean and CI over seeds, from each run's metrics.jsonl): whether the run
+    has reached its plateau at this scale."""
+    by_epoch: dict[int, list[float]] = defaultdict(list)
+    for run in group.runs.values():
+        for line in (run.folder / "metrics.jsonl").read_text().splitlines():
+            record = json.loads(line)
+            if record.get("kind") == "epoch":
+                by_epoch[record["epoch"] + 1].append(record["test_accuracy"])
+    return [
+        {"run": group.name, "epoch": epoch, "step": epoch * group.first.summary["steps"] // len(by_epoch)}
+        | Estimate.of(values, FRACTION).columns("test_accuracy")
+        for epoch, values in sorted(by_epoch.items())
+    ]
 
 
 def accuracy_vs_bits(settings: EveryRun, runs: dict[str, RunGroup]) -> Result:
     """X1: every compressor of one model on one accuracy-vs-bits plot, its Pareto front against fp32."""
     baseline = runs[settings.baseline] if settings.baseline else None
-    model = (baseline or next(iter(runs.values()))).model
-    runs = {name: group for name, group in runs.items() if group.model == model}  # one model's runs only
+    first = baseline or next(iter(runs.values()))
+    model = first.model
+    # one model at one scale: runs of other models or scales are left out
+    runs = {name: group for name, group in runs.items() if model_key(group) == model_key(first)}
     groups = list(runs.values())
     rows = [_row(group) for group in groups]
     front = _pareto(rows)
@@ -83,12 +103,16 @@ def accuracy_vs_bits(settings: EveryRun, runs: dict[str, RunGroup]) -> Result:
     comparisons = compare(pairs)
     on_front = ", ".join(f"{row['label']} ({row['bits_mean']:.2f} bits)" for row in front)
     findings = [f"Pareto front: {on_front}."]
+    curve = learning_curve(baseline) if baseline is not None else []
     if baseline is not None:
         findings.insert(0, f"{baseline_text(baseline)}; front runs {summarise(comparisons)}.")
+        by_epoch = ", ".join(f"{row['test_accuracy_mean']:.1%}" for row in curve)
+        findings.append(f"{baseline.label} test accuracy after each epoch (mean over seeds): {by_epoch}.")
     return Result(
         caption=_x1_caption(model, runs),
         tables={
             "main": Table("Accuracy vs bits per gradient element", rows, note=scale_note(runs)),
+            **({"curve": Table(f"Learning curve of {baseline.label}", curve)} if curve else {}),
             "seeds": per_seed_table(groups),
         },
         comparisons=comparisons,

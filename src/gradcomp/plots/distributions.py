@@ -63,7 +63,7 @@ def _log2_histogram(ax: Axes, layer: str, populations: dict[str, list[dict]]) ->
             alpha=0.6,
             label=population + (f" ({rows[0]['share']:.0%})" if reference else ""),
         )
-        if np.isfinite(std) and std > 0:
+        if std is not None and np.isfinite(std) and std > 0:  # null: a layer without a fit (one value)
             density = np.exp(-0.5 * ((centres - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi))
             ax.plot(
                 centres,
