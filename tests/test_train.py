@@ -1,13 +1,15 @@
 import math
+import os
 import signal
 
 import numpy as np
 import pytest
+import timm
 import torch
 import yaml
 from helpers import TINY, read_metrics, train_run
+from timm.models import register_model
 
-import gradcomp.train as train_module
 from gradcomp.config import CompressionConfig, TrainConfig, resolve_config
 from gradcomp.policies import Prune, parse_policy
 from gradcomp.probe import load_probe
@@ -60,29 +62,27 @@ def test_training_is_deterministic(tmp_path):
     ]
 
 
-class _StopAtStep(train_module._StopRequested):
-    """Deterministic stand-in for a SIGTERM arriving during step `at` (the flag is read once per step)."""
-
-    at = 0
-
-    def __enter__(self):
-        self.reads = 0
-        return self
-
-    def __exit__(self, *exc):
-        return None
-
-    @property
-    def signal(self):
-        self.reads += 1
-        return signal.SIGTERM if self.reads == self.at else None
-
-    @signal.setter
-    def signal(self, value):
-        pass
+SIGTERM_AT = {"step": None}  # the training step during which the model's forward sends the process SIGTERM
 
 
-RESUME_OPTIONS = {"policy": "prune:sparsity=0.8", "refresh": "epoch"}
+@register_model
+def resnet10t_sigterm(pretrained: bool = False, **kwargs) -> torch.nn.Module:
+    """timm's resnet10t (same initialisation) whose training forward pass number SIGTERM_AT["step"] sends
+    this process a real SIGTERM: a signal arriving mid-step, at a step the test chooses."""
+    model = timm.create_model("resnet10t", pretrained=pretrained, **kwargs)
+    calls = [0]
+
+    def hook(module, args):
+        if module.training:
+            calls[0] += 1
+            if calls[0] == SIGTERM_AT["step"]:
+                os.kill(os.getpid(), signal.SIGTERM)
+
+    model.register_forward_pre_hook(hook)
+    return model
+
+
+RESUME_OPTIONS = {"policy": "prune:sparsity=0.8", "refresh": "epoch", "model": "resnet10t_sigterm"}
 
 
 @pytest.fixture(scope="module")
@@ -96,9 +96,8 @@ def test_resume_after_interruption_matches_an_uninterrupted_run(
 ):
     options = RESUME_OPTIONS
     reference, reference_dir = uninterrupted
-    monkeypatch.setattr(_StopAtStep, "at", stop_at)
-    monkeypatch.setattr(train_module, "_StopRequested", _StopAtStep)
-    with pytest.raises(TrainingInterrupted, match="resume"):
+    monkeypatch.setitem(SIGTERM_AT, "step", stop_at)
+    with pytest.raises(TrainingInterrupted, match=f"stopped by a signal at step {stop_at};.*--resume"):
         train_run(tmp_path, "resumed", **options)
     monkeypatch.undo()
     resumed, resumed_dir = train_run(tmp_path, "resumed", resume=True, **options)
