@@ -81,10 +81,6 @@ class FloatLayout:
     exp_bias: int
 
     @property
-    def sign_mask(self) -> int:
-        return -(1 << (self.man_bits + self.exp_bits))
-
-    @property
     def exp_bits(self) -> int:
         return 8 if self.float_dtype == torch.float32 else 11
 
@@ -92,8 +88,8 @@ class FloatLayout:
     def abs_mask(self) -> int:
         return (1 << (self.man_bits + self.exp_bits)) - 1
 
-    def pow2_bits(self, exponent: int) -> int:
-        """Bit pattern of the normal number 2^exponent."""
+    def pow2_bits(self, exponent: Tensor) -> Tensor:
+        """Bit patterns of the normal numbers 2^exponent (an integer tensor of `int_dtype`)."""
         return (exponent + self.exp_bias) << self.man_bits
 
 

@@ -12,18 +12,11 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
+from gradcomp.datasets import DATASETS
 from gradcomp.policies import Policy, parse_policy
 
 if TYPE_CHECKING:
     from torch import nn
-
-DATASET_NAMES = {
-    "fashion-mnist": "Fashion-MNIST",
-    "cifar10": "CIFAR-10",
-    "cifar100": "CIFAR-100",
-    "imagenet": "ImageNet",
-    "synthetic": "synthetic images",
-}
 
 
 @dataclass(frozen=True)
@@ -110,7 +103,7 @@ class RunGroup:
         """The training scale in words, e.g. ``Fashion-MNIST, 500 images per class, 1 epoch of batch 64
         (78 steps)``."""
         config = self.config
-        data = DATASET_NAMES.get(config["dataset"], config["dataset"])
+        data = DATASETS[config["dataset"]].title if config["dataset"] in DATASETS else config["dataset"]
         if config.get("subset_per_class"):
             data += f", {config['subset_per_class']:,} images per class"
         epochs = config["epochs"]

@@ -121,10 +121,7 @@ def _power_of_two_rescaling(magnitude: Tensor) -> tuple[Tensor, Tensor]:
     limit = layout.exp_bias - 1
     k = torch.frexp(magnitude).exponent.neg_().clamp_(-limit, limit).to(layout.int_dtype)
 
-    def power_of_two(exponent: Tensor) -> Tensor:
-        return ((exponent + layout.exp_bias) << layout.man_bits).view(layout.float_dtype)
-
-    return power_of_two(k), power_of_two(-k)
+    return layout.pow2_bits(k).view(layout.float_dtype), layout.pow2_bits(-k).view(layout.float_dtype)
 
 
 def quantize_columns(
