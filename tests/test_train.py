@@ -1,14 +1,15 @@
+import contextlib
 import math
 import os
 import signal
 
 import numpy as np
 import pytest
-import timm
 import torch
 import yaml
 from helpers import TINY, read_metrics, train_run
-from timm.models import register_model
+from timm.models.resnet import ResNet
+from torch.nn.modules.module import register_module_forward_pre_hook
 
 from gradcomp.config import CompressionConfig, TrainConfig, resolve_config
 from gradcomp.policies import Prune, parse_policy
@@ -62,27 +63,26 @@ def test_training_is_deterministic(tmp_path):
     ]
 
 
-SIGTERM_AT = {"step": None}  # the training step during which the model's forward sends the process SIGTERM
-
-
-@register_model
-def resnet10t_sigterm(pretrained: bool = False, **kwargs) -> torch.nn.Module:
-    """timm's resnet10t (same initialisation) whose training forward pass number SIGTERM_AT["step"] sends
-    this process a real SIGTERM: a signal arriving mid-step, at a step the test chooses."""
-    model = timm.create_model("resnet10t", pretrained=pretrained, **kwargs)
+@contextlib.contextmanager
+def sigterm_during_step(step: int):
+    """A real SIGTERM to this process from inside the model's forward pass of training step `step` (a
+    global forward hook on the top-level ResNet in training mode): a signal arriving mid-step."""
     calls = [0]
 
     def hook(module, args):
-        if module.training:
+        if isinstance(module, ResNet) and module.training:
             calls[0] += 1
-            if calls[0] == SIGTERM_AT["step"]:
+            if calls[0] == step:
                 os.kill(os.getpid(), signal.SIGTERM)
 
-    model.register_forward_pre_hook(hook)
-    return model
+    handle = register_module_forward_pre_hook(hook)
+    try:
+        yield
+    finally:
+        handle.remove()
 
 
-RESUME_OPTIONS = {"policy": "prune:sparsity=0.8", "refresh": "epoch", "model": "resnet10t_sigterm"}
+RESUME_OPTIONS = {"policy": "prune:sparsity=0.8", "refresh": "epoch"}
 
 
 @pytest.fixture(scope="module")
@@ -91,15 +91,14 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize("stop_at", [3, 5, 8])  # mid-epoch, at the end of an epoch, mid second epoch
-def test_resume_after_interruption_matches_an_uninterrupted_run(
-    tmp_path, monkeypatch, uninterrupted, stop_at
-):
+def test_resume_after_interruption_matches_an_uninterrupted_run(tmp_path, uninterrupted, stop_at):
     options = RESUME_OPTIONS
     reference, reference_dir = uninterrupted
-    monkeypatch.setitem(SIGTERM_AT, "step", stop_at)
-    with pytest.raises(TrainingInterrupted, match=f"stopped by a signal at step {stop_at};.*--resume"):
+    with (
+        sigterm_during_step(stop_at),
+        pytest.raises(TrainingInterrupted, match=f"stopped by a signal at step {stop_at};.*--resume"),
+    ):
         train_run(tmp_path, "resumed", **options)
-    monkeypatch.undo()
     resumed, resumed_dir = train_run(tmp_path, "resumed", resume=True, **options)
     for key in (
         "final_test_accuracy",
