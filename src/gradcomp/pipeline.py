@@ -98,7 +98,7 @@ def job_of(jobs: Mapping[str, TrainingJob], run: str, seed: int) -> str:
 
 
 def job_threads(config: Mapping[str, Any]) -> int:
-    """CPU cores a training job holds: the runs' torch `threads` (else 1 on CPU, 4 per GPU) per process."""
+    """CPU cores a training job holds: the shared `train.threads` (else 1 on CPU, 4 per GPU) per process."""
     gpus = config.get("gpus", 0)
     return (config["train"].get("threads") or (4 if gpus else 1)) * max(1, gpus)
 

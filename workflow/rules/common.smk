@@ -38,8 +38,6 @@ LAUNCHER = (
 
 
 wildcard_constraints:
-    run="[A-Za-z0-9_.-]+",
-    seed="[0-9]+",
     job="|".join(re.escape(name) for name in JOBS),
     exp="|".join(EXPERIMENTS),
     slug="|".join(experiment.slug for experiment in EXPERIMENTS.values()),
@@ -93,9 +91,9 @@ def caption(wildcards, input):
 
 
 def all_outputs():
-    # The training jobs' manifests and the experiments' settings files (under results/) are targets too: the figures of
-    # the default config are committed, and without them among the targets a fresh clone would count those
-    # figures as up to date and neither train nor compute anything.
+    # The training jobs' manifests and the experiments' settings files (under results/) are targets too: the
+    # figures of the default config are committed, and without them among the targets a fresh clone would
+    # count those figures as up to date and neither train nor compute anything.
     trained = [f"{RESULTS}/jobs/{job}.json" for job in JOBS]
     settings = [f"{RESULTS}/experiments/{exp}.json" for exp in config["experiments"]]
     return trained + settings + [f"{FIGURES}/{name}" for name in figure_files(config)]

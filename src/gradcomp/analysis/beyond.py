@@ -70,16 +70,16 @@ def _x1_caption(model: str, runs: dict[str, RunGroup]) -> str:
 def learning_curve(group: RunGroup) -> list[dict]:
     """Test accuracy after each epoch (mean and CI over seeds, from each run's metrics.jsonl): whether the run
     has reached its plateau at this scale."""
-    by_epoch: dict[int, list[float]] = defaultdict(list)
+    by_epoch: dict[tuple[int, int], list[float]] = defaultdict(list)  # (epoch, its last step) -> accuracies
     for run in group.runs.values():
         for line in (run.folder / "metrics.jsonl").read_text().splitlines():
             record = json.loads(line)
             if record.get("kind") == "epoch":
-                by_epoch[record["epoch"] + 1].append(record["test_accuracy"])
+                by_epoch[record["epoch"] + 1, record["step"]].append(record["test_accuracy"])
     return [
-        {"run": group.name, "epoch": epoch, "step": epoch * group.first.summary["steps"] // len(by_epoch)}
+        {"run": group.name, "epoch": epoch, "step": step}
         | Estimate.of(values, FRACTION).columns("test_accuracy")
-        for epoch, values in sorted(by_epoch.items())
+        for (epoch, step), values in sorted(by_epoch.items())
     ]
 
 
