@@ -70,7 +70,10 @@ class LayerState:
     fitted: bool = False  # refreshed in the last step: its fit is checked when the next one begins
     backwards: int = 0  # backward passes through the layer in this step
     zeros: Tensor | None = None  # int64 count of zeros in the compressed gradients (on device, no sync)
-    numel: int = 0
+    counted_before: Tensor | None = None  # the count at the last `reset_counts`
+    numel: int = 0  # elements compressed since the last reset
+    attainable: Tensor | None = None  # int64 sum over refreshes of max(target zeros, own zeros) (pruning)
+    attainable_numel: int = 0  # elements that was counted over since the last reset
     output: Callable[[], Tensor | None] = lambda: None  # weak reference to the last compressed output
     bn_output: Tensor | None = None  # the following BatchNorm's output gradient, this backward
 
@@ -224,6 +227,9 @@ class Attachment:
             return g
         if count and layer.zeros is None:
             layer.zeros = torch.zeros((), dtype=torch.int64, device=g.device)
+        count_input = count and layer.refresh and self.policy.reports_attainable
+        if count_input and layer.attainable is None:
+            layer.attainable = torch.zeros((), dtype=torch.int64, device=g.device)
         copy = GradientCopy(
             g,
             self._seed(layer, 1 if weight_path else 0),
@@ -231,6 +237,7 @@ class Attachment:
             weight_path=weight_path,
             bn_output=bn_output,
             zeros=layer.zeros if count else None,
+            attainable=layer.attainable if count_input else None,
             layer=layer.name,
             backend=self.backend,
         )
@@ -239,40 +246,52 @@ class Attachment:
             layer.fitted = layer.fitted or layer.refresh
             layer.refresh = False
             layer.numel += out.numel()
+            layer.attainable_numel += g.numel() if count_input else 0
         return out
 
     # --- reporting ------------------------------------------------------------------------------------------
     def reset_counts(self) -> None:
+        """Start the counts of `sparsity` and `layer_summary` afresh: the counters keep counting (the
+        calibration of pruning reads them), their values now are what later counts are taken from."""
         for layer in self.layers:
-            layer.zeros, layer.numel = None, 0
+            layer.counted_before = None if layer.zeros is None else layer.zeros.clone()
+            layer.numel, layer.attainable, layer.attainable_numel = 0, None, 0
 
-    def _counts(self, total: Reduce | None) -> list[tuple[float, float]]:
-        """(zeros, elements) of every layer's compressed gradients since the last reset, summed by `total`."""
+    def _counts(self, total: Reduce | None) -> list[tuple[float, float, float, float]]:
+        """(zeros, elements) of every layer's compressed gradients since the last reset, then the zeros
+        pruning could reach and the elements they were counted over (where the policy counts them), summed
+        by `total`."""
         none = torch.zeros((), dtype=torch.float64)
-        zeros = [none if x.zeros is None else x.zeros.to("cpu", torch.float64) for x in self.layers]
-        numel = torch.tensor([float(layer.numel) for layer in self.layers], dtype=torch.float64)
-        counts = torch.stack([torch.stack(zeros), numel], 1)
+        zeros = [none if x.zeros is None else _since(x.zeros, x.counted_before) for x in self.layers]
+        own = [none if x.attainable is None else _since(x.attainable, None) for x in self.layers]
+        numel = [[float(x.numel), float(x.attainable_numel)] for x in self.layers]
+        numel = torch.tensor(numel, dtype=torch.float64).reshape(-1, 2)
+        counts = torch.stack([torch.stack(zeros), numel[:, 0], torch.stack(own), numel[:, 1]], 1)
         return [tuple(row) for row in (counts if total is None else total(counts)).tolist()]
 
     def sparsity(self, total: Reduce | None = None) -> float | None:
         """Fraction of zeros in the compressed gradients since the last reset (one host sync). `total` sums
         the counts over training processes (then every process reports the figure of all of them)."""
         counts = self._counts(total)
-        elements = sum(numel for _, numel in counts)
-        return sum(zeros for zeros, _ in counts) / elements if elements else None
+        elements = sum(row[1] for row in counts)
+        return sum(row[0] for row in counts) / elements if elements else None
 
     def layer_summary(self, total: Reduce | None = None) -> dict[str, dict]:
         """Per layer: achieved sparsity and the elements it was counted over (summed by `total`, as in
-        `sparsity`), then this process's statistics from the layer's last refresh (None where the policy has
-        none): the fitted (mu, sigma) of ln|g| over the non-zeros, threshold, FP scale and format, the share
-        s0 of zeros at the following BatchNorm's output where the fit excluded them, heterogeneous pruning's
-        truncation, allocated sparsity and cosine, and for integer policies the gradient's range (max - min)
-        and the activation path's bins (2^bits - 1). A chain reports its first member's statistics (those
-        of the uncompressed gradient) and, under "members", each member's own: a later member's are
-        measured on its predecessor's output (e.g. an FP member's mu and sigma after pruning)."""
+        `sparsity`; for pruning also "attainable", the sparsity it could reach: at each refresh since the
+        last reset the larger of the target's zeros and those the gradient had already), then this process's
+        statistics from the layer's last refresh (None where the policy has none): the fitted (mu, sigma) of
+        ln|g| over the non-zeros, threshold, FP scale and format, the share s0 of zeros at the following
+        BatchNorm's output where the fit excluded them, heterogeneous pruning's truncation, allocated sparsity
+        and cosine, and for integer policies the gradient's range (max - min) and the activation path's bins
+        (2^bits - 1). A chain reports its first member's statistics (those of the uncompressed gradient) and,
+        under "members", each member's own: a later member's are measured on its predecessor's output (e.g. an
+        FP member's mu and sigma after pruning)."""
         summary = {}
-        for layer, (zeros, numel) in zip(self.layers, self._counts(total), strict=True):
+        for layer, (zeros, numel, own, counted) in zip(self.layers, self._counts(total), strict=True):
             counts = {"sparsity": zeros / numel if numel else None, "elements": int(numel)}
+            if self.policy.reports_attainable:
+                counts["attainable"] = own / counted if counted else None
             if isinstance(self.policy, Chain):
                 parts = layer.stats.parts or [LayerStats() for _ in self.policy.policies]
                 members = [
@@ -295,7 +314,10 @@ class Attachment:
                     "stats": layer.stats.state(),
                     "refresh": layer.refresh,
                     "zeros": layer.zeros,
+                    "counted_before": layer.counted_before,
                     "numel": layer.numel,
+                    "attainable": layer.attainable,
+                    "attainable_numel": layer.attainable_numel,
                 }
                 for layer in self.layers
             },
@@ -308,6 +330,9 @@ class Attachment:
             if saved is not None:
                 layer.stats = LayerStats.from_state(saved["stats"])
                 layer.refresh, layer.zeros, layer.numel = saved["refresh"], saved["zeros"], saved["numel"]
+                layer.counted_before = saved.get("counted_before")
+                layer.attainable = saved.get("attainable")
+                layer.attainable_numel = saved.get("attainable_numel", 0)
 
     def detach(self) -> None:
         """Remove every hook and wrapper: the model is as before `attach`."""
@@ -320,6 +345,11 @@ def _statistics(policy: Policy, stats: LayerStats) -> dict[str, object]:
     any refresh, NaN, e.g. the BatchNorm share of a layer without a following BatchNorm)."""
     values = {name: _number(stats.report(name)) for name in policy.reports}
     return {**values, **policy.constants}
+
+
+def _since(counter: Tensor, before: Tensor | None) -> Tensor:
+    """A counter's count since `before` (its value at a reset), as a float64 on the host."""
+    return (counter if before is None else counter - before).to("cpu", torch.float64)
 
 
 def _number(value: Tensor | float | None) -> float | None:

@@ -35,7 +35,7 @@ from gradcomp.ops import (
     topk_threshold,
 )
 from gradcomp.ops.int_quant import quantize_columns
-from gradcomp.ops.stats import FIT_FIELDS, add_zero_count, fit_statistics, log2_scale
+from gradcomp.ops.stats import FIT_FIELDS, Calibration, add_zero_count, fit_statistics, log2_scale
 from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Policy, Prune
 
 _LN2 = math.log(2.0)
@@ -58,6 +58,7 @@ class GradientCopy:
     weight_path: bool = False  # the copy fed to the weight-gradient GEMM (differs for two-stream policies)
     bn_output: Tensor | None = None  # the gradient at the following BatchNorm's output, if known
     zeros: Tensor | None = None  # int64 counter to which the compressed gradient's zeros are added
+    attainable: Tensor | None = None  # int64 counter of the zeros pruning can reach (see fit_statistics)
     layer: str = ""  # the layer's name (per-group settings)
     backend: Backend = "auto"
 
@@ -76,6 +77,11 @@ class LayerStats:
     truncation: Tensor | None = None  # k of the truncated cosine, at the last fit
     target: float | None = None  # the common sparsity allocated by `plan`, before the layer's cosine limit
     cosine: Tensor | None = None  # measured cosine between pruned and original gradient, last step
+    # calibrated pruning (Prune.calibrate; gradcomp.ops.stats.Calibration)
+    correction: Tensor | None = None  # added to the target the threshold is solved for
+    mark: Tensor | None = None  # the zero counter's value at the last refresh
+    counter: Tensor | None = None  # the zero counter the mark belongs to
+    pruned: int = 0  # elements pruned since the mark
     # dynamic loss scaling (FloatingPoint scaling="dynamic"): the shared scale's state, copied in every layer
     overflow: Tensor | None = None  # whether this layer's scaled gradient exceeded the format this step
     clean_steps: Tensor | None = None  # steps since the scale last changed without an overflow
@@ -162,20 +168,52 @@ def _prune(policy: Prune, copy: GradientCopy, stats: LayerStats) -> Tensor:
         if policy.estimator == "lognormal":
             sparsity = policy.sparsity if stats.target is None else stats.target
             rule = FIT_RULES[policy.fit]
-            stats.moments, stats.fit, _ = fit_statistics(g, mask, sparsity, rule, backend=copy.backend)
+            calibration = _calibration(copy, stats) if policy.calibrated else None
+            stats.moments, stats.fit, _ = fit_statistics(
+                g,
+                mask,
+                sparsity,
+                rule,
+                backend=copy.backend,
+                calibration=calibration,
+                count_zeros_into=copy.attainable,
+                min_zeros=math.floor(sparsity * g.numel()),
+            )
             stats.threshold = stats.fit[3]
             stats.min_cosine = policy.cosine_limit(copy.layer) if policy.heterogeneous else None
             if stats.min_cosine is not None:
                 stats.threshold = _cosine_capped_threshold(policy, g, mask, stats)
         else:  # the baselines model every entry; the fit is reported
-            stats.moments, stats.fit, _ = fit_statistics(g, backend=copy.backend)
+            stats.moments, stats.fit, _ = fit_statistics(
+                g,
+                backend=copy.backend,
+                count_zeros_into=copy.attainable,
+                min_zeros=math.floor(policy.sparsity * g.numel()),
+            )
             stats.threshold = THRESHOLDS[policy.estimator](g, policy.sparsity)
     out = stochastic_prune(g, stats.threshold, copy.seed, copy.backend, count_zeros_into=copy.zeros)
+    stats.pruned += g.numel()
     if stats.min_cosine is not None:
         stats.cosine = torch.nn.functional.cosine_similarity(
             g.detach().flatten().double(), out.detach().flatten().double(), dim=0
         )
     return out
+
+
+def _calibration(copy: GradientCopy, stats: LayerStats) -> Calibration | None:
+    """The layer's calibration state, from the zeros the attachment counts (none without a counter: a
+    chain's member, a direct call); no miss is learnt at the first refresh or across a new counter (e.g.
+    one restored from a checkpoint)."""
+    if copy.zeros is None:
+        return None
+    if stats.correction is None:
+        stats.correction = torch.zeros((), dtype=torch.float64, device=copy.g.device)
+        stats.mark = torch.zeros((), dtype=torch.int64, device=copy.g.device)
+    learn = copy.zeros is stats.counter and stats.threshold is not None
+    elements = stats.pruned if learn else 0
+    stats.counter, stats.pruned = copy.zeros, 0
+    threshold = stats.threshold if learn else stats.correction
+    return Calibration(stats.correction, copy.zeros, stats.mark, elements, threshold)
 
 
 def _cosine_capped_threshold(policy: Prune, g: Tensor, mask: Tensor | None, stats: LayerStats) -> Tensor:

@@ -25,6 +25,7 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 MIN_SIGMA = 1e-6  # a degenerate (single-valued) layer is treated as a lognormal this narrow
 THRESHOLD_ITERATIONS = 4  # Newton steps from the tabulated start: float64 precision for one lognormal
 MIXTURE_ITERATIONS = 8  # Newton steps (bisection where a step leaves the bracket) for a two-part mixture
+MAX_CALIBRATED_TARGET = 0.9999  # a calibrated pruning target (ops.stats.Calibration) stays in [0, this]
 
 
 def expected_sparsity(log_alpha_n: Tensor, sigma: Tensor) -> Tensor:

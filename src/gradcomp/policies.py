@@ -44,6 +44,7 @@ class Policy:
 
     name: ClassVar[str] = "policy"
     two_streams: ClassVar[bool] = False  # True when activation- and weight-gradient paths differ
+    reports_attainable: ClassVar[bool] = False  # reports the sparsity it could reach (pruning)
     # where the policy acts unless told otherwise (see `attach`): the placement of the paper it reproduces
     layer_types: ClassVar[tuple[str, ...]] = ("conv", "linear")
 
@@ -126,6 +127,13 @@ class Prune(Policy):
     s0 >= sparsity it fits every entry. "all": one lognormal of every non-zero entry. A layer without a
     following BatchNorm fits every entry under each rule.
 
+    calibrate (lognormal estimator, homogeneous, in an attachment): where a layer's gradient is not
+    lognormal (heavier tails, e.g. DeiT's), the closed-form threshold misses the target by a few hundredths;
+    with calibrate each refresh adds the layer's last miss (target - achieved zeros, as counted) to the
+    target it solves for, so the achieved sparsity converges to the target within a few refreshes. A layer
+    whose gradient already has more zeros than the target prunes nothing (its corrected target falls to
+    0). False: the paper's closed-form threshold alone.
+
     min_cosine: heterogeneous sparsity (section 2.7): no layer's predicted cosine similarity between
     pruned and original gradient (lognormal truncated at `truncation` sigmas) falls below it, and
     `sparsity` is the overall (element-weighted) target. At each refresh the layers' last fits give the
@@ -145,7 +153,11 @@ class Prune(Policy):
     cosine_groups: str | None = None
     max_sparsity: float | None = None
     truncation: float | None = None
+    calibrate: bool = True
     layer_types: ClassVar[tuple[str, ...]] = ("conv",)
+    reports_attainable: ClassVar[bool] = (
+        True  # pruning only adds zeros: the gradient's own may exceed the target
+    )
 
     def __post_init__(self) -> None:
         if not 0 <= self.sparsity < 1:
@@ -173,6 +185,11 @@ class Prune(Policy):
                 )
         if self.truncation is not None and not (math.isfinite(self.truncation) and self.truncation > 0):
             raise ValueError(f"prune: truncation must be a positive number of sigmas, got {self.truncation}")
+        if not self.calibrate and (self.estimator != "lognormal" or self.heterogeneous):
+            raise ValueError(
+                "prune: calibrate applies to the lognormal threshold of homogeneous pruning only; other "
+                "estimators and cosine-limited layers are never calibrated"
+            )
 
     def _cosine_groups(self) -> list[tuple[str, float]]:
         """(pattern, cosine limit) of each group of `cosine_groups`."""
@@ -206,13 +223,19 @@ class Prune(Policy):
         return next((limit for pattern, limit in self._cosine_groups() if pattern in layer), None)
 
     @property
+    def calibrated(self) -> bool:
+        """Whether the threshold is calibrated by feedback (`calibrate`; lognormal, homogeneous)."""
+        return self.calibrate and self.estimator == "lognormal" and not self.heterogeneous
+
+    @property
     def uses_bn_output(self) -> bool:
         return self.fit != "all" and self.estimator == "lognormal"
 
     @property
     def reports(self) -> tuple[str, ...]:
         heterogeneous = ("truncation", "allocated", "cosine") if self.heterogeneous else ()
-        return ("mu", "sigma", "bn_zero_share", "threshold", *heterogeneous)
+        calibrated = ("correction",) if self.calibrated else ()
+        return ("mu", "sigma", "bn_zero_share", "threshold", *calibrated, *heterogeneous)
 
     @property
     def label(self) -> str:
@@ -225,6 +248,8 @@ class Prune(Policy):
             label += " cos per group"
         if self.max_sparsity is not None:
             label += f" max {self.max_sparsity:g}"
+        if not self.calibrate:
+            label += " analytic"
         if self.fit != "bn_nonzero":
             label += {"all": " (all-entries fit)", "reference": " (reference rule)"}[self.fit]
         return label
@@ -497,6 +522,6 @@ def _build(name: Any, kwargs: dict[str, Any]) -> Policy:
         types = {t.strip() for t in expected.split("|")}
         if "float" in types and isinstance(value, int) and not isinstance(value, bool):
             kwargs[key] = value = float(value)
-        if types <= {"float", "int", "str", "None"} and _type_name(value) not in types:
+        if types <= {"float", "int", "str", "bool", "None"} and _type_name(value) not in types:
             raise ValueError(f"policy {name!r}: {key} must be {expected}, got {value!r}")
     return cls(**kwargs)

@@ -320,9 +320,14 @@ def seeds_for_difference(sd: float, difference: float) -> int | None:
 
 
 def one_sample(
-    name: str, values: Mapping[int, float], target: float, reference: str | None = None, **pair
+    name: str,
+    values: Mapping[int, float],
+    target: float | Mapping[int, float],
+    reference: str | None = None,
+    **pair,
 ) -> Pair:
-    """A quantity against a fixed target (e.g. achieved against target sparsity) as a `Pair` (the target
-    named `reference`, else by its value), in the quantity's own unit (none unless given)."""
+    """A quantity against a target (e.g. achieved against target sparsity; a number, or one per seed) as a
+    `Pair` (the target named `reference`, else by its value), in the quantity's own unit (none unless
+    given)."""
     defaults = {"factor": 1.0, "bounds": LINEAR, "unit": ""}
     return Pair(name, reference or number(target), values, target, **{**defaults, **pair})

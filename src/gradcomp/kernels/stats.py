@@ -10,6 +10,8 @@ power-of-two FP scale, in registers: the statistics of `gradcomp.ops.stats.fit_s
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import triton
 import triton.language as tl
@@ -18,6 +20,9 @@ from torch import Tensor
 from gradcomp import lognormal
 from gradcomp.kernels.special import ndtr_and_log, ndtri_approximate
 from gradcomp.profiling import launch
+
+if TYPE_CHECKING:
+    from gradcomp.ops.stats import Calibration
 
 BLOCK = 1024
 TILES_PER_PROGRAM = 16
@@ -201,10 +206,20 @@ def _finish_kernel(
     alpha_ptr,
     table_ptr,
     scale_ptr,
+    correction_ptr,
+    counter_ptr,
+    mark_ptr,
+    threshold_ptr,
+    zeros_ptr,
     numel,
+    elements,
+    min_zeros,
     MASKED: tl.constexpr,
     FIT: tl.constexpr,
     SPARSITY: tl.constexpr,
+    CALIBRATE: tl.constexpr,
+    MAX_TARGET: tl.constexpr,
+    COUNT_ZEROS: tl.constexpr,
     RULE: tl.constexpr,
     ALPHA_MAX: tl.constexpr,
     SCALE_POINTS: tl.constexpr,
@@ -213,7 +228,9 @@ def _finish_kernel(
 ):
     """Moments (4, or 8 with a mask) in float64; with FIT, the fit vector (FIT_FIELDS) and, where SPARSITY
     is set (>= 0), the threshold (also in alpha_ptr, capped at ALPHA_MAX, in float32) and, where SCALE_POINTS
-    is set, the FP scale."""
+    is set, the FP scale. CALIBRATE: the threshold aims at SPARSITY plus the correction, updated first from
+    the zeros counted since the mark over `elements`, where the last threshold pruned
+    (`gradcomp.ops.stats.Calibration`)."""
     columns = tl.arange(0, 8)
     fields = 8 if MASKED else 4
     totals = tl.zeros((8,), tl.float64)
@@ -226,6 +243,9 @@ def _finish_kernel(
     ln2 = 0.6931471805599453
     totals = totals * tl.where((columns % 4) == 1, ln2, tl.where((columns % 4) == 2, ln2 * ln2, 1.0))
     tl.store(moments_ptr + columns, totals, mask=columns < fields)
+    if COUNT_ZEROS:  # x's own zeros or min_zeros, the more, added to an int64 counter
+        zero_count = tl.sum(tl.where((columns % 4) == 3, totals, 0.0), 0).to(tl.int64)
+        tl.store(zeros_ptr, tl.load(zeros_ptr) + tl.maximum(zero_count, min_zeros))
     if FIT:
         count = _field(totals, columns, 0)
         sum_log = _field(totals, columns, 1)
@@ -237,6 +257,21 @@ def _finish_kernel(
         rest_zeros = _field(totals, columns, 7)
         n = tl.cast(numel, tl.float64)
         all_zeros = zeros + rest_zeros
+        target = SPARSITY
+        if CALIBRATE:
+            correction = tl.load(correction_ptr)
+            counted = tl.load(counter_ptr)
+            achieved = (counted - tl.load(mark_ptr)).to(tl.float64) / tl.cast(
+                tl.maximum(elements, 1), tl.float64
+            )
+            updated = tl.minimum(
+                tl.maximum(correction + SPARSITY - achieved, -SPARSITY), MAX_TARGET - SPARSITY
+            )
+            learn = (elements > 0) & (tl.load(threshold_ptr).to(tl.float64) > 0)
+            correction = tl.where(learn, updated, correction)
+            tl.store(correction_ptr, correction)
+            tl.store(mark_ptr, counted)
+            target = SPARSITY + correction
         # the population fitted (and reported): the mask's entries, or all of them (without a mask the
         # second population is empty)
         share = (rest_count + rest_zeros) / n
@@ -244,7 +279,7 @@ def _finish_kernel(
             pooled = share > -1.0
             share = share * float("nan")
         elif RULE == 1:  # the reference rule fits every entry where the masked share reaches the target
-            pooled = share >= SPARSITY
+            pooled = share >= target
         elif RULE == 2:
             pooled = share > -1.0
         else:
@@ -260,7 +295,7 @@ def _finish_kernel(
         tl.store(fit_ptr + 1, sigma)
         tl.store(fit_ptr + 2, share)
         if SPARSITY >= 0:
-            wanted = SPARSITY * n - all_zeros
+            wanted = target * n - all_zeros
             if RULE == 1:  # the masked entries count as zeros
                 wanted = tl.where(pooled, wanted, wanted - rest_count)
             second = tl.where(pooled, 0.0, rest_count) if RULE == 0 else 0.0 * rest_count
@@ -287,10 +322,15 @@ def statistics_triton(
     rule: str = "mixture",
     scale_points: Tensor | None = None,
     fit: bool = True,
+    calibration: Calibration | None = None,
+    zeros: Tensor | None = None,
+    min_zeros: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(moments, fit, alpha): two launches. moments float64 (4,) or (2, 4) with a mask; fit float64 over
     FIT_FIELDS (NaN where not asked); alpha the threshold in float32 capped at x's largest value (empty when
-    no sparsity is given). scale_points: float64 (2, P) of (sigma2, log2 scale offset) for the FP scale."""
+    no sparsity is given). scale_points: float64 (2, P) of (sigma2, log2 scale offset) for the FP scale.
+    calibration: see `gradcomp.ops.stats.Calibration`; zeros: an int64 counter to which x's zeros or
+    min_zeros, the more, are added."""
     x_flat = x.contiguous().view(-1)
     mask_flat = None if mask is None else mask.contiguous().view(-1)
     n = x_flat.numel()
@@ -321,10 +361,20 @@ def statistics_triton(
         alpha,
         lognormal._threshold_table(x.device) if sparsity is not None else moments,
         moments if scale_points is None else scale_points,
+        moments if calibration is None else calibration.correction,
+        alpha if calibration is None else calibration.counter,
+        alpha if calibration is None else calibration.mark,
+        alpha if calibration is None else calibration.threshold,
+        alpha if zeros is None else zeros,
         n,
+        0 if calibration is None else calibration.elements,
+        min_zeros,
         MASKED=mask is not None,
         FIT=fit,
         SPARSITY=-1.0 if sparsity is None else float(sparsity),
+        CALIBRATE=calibration is not None,
+        MAX_TARGET=lognormal.MAX_CALIBRATED_TARGET,
+        COUNT_ZEROS=zeros is not None,
         RULE=RULES.index(rule),
         ALPHA_MAX=float(torch.finfo(x.dtype).max),
         SCALE_POINTS=0 if scale_points is None else scale_points.shape[1],

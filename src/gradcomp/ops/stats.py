@@ -8,6 +8,7 @@ host; on CPU tensors the reduction runs as compiled chunk functions and the smal
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -19,6 +20,37 @@ from gradcomp.ops._chunked import sum_chunks
 
 FIT_FIELDS = ("mu", "sigma", "bn_zero_share", "threshold", "scale")
 Rule = Literal["mixture", "reference", "all"]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Feedback that makes pruning hit its target where the lognormal model misses it (heavier or lighter
+    tails than a lognormal's): the threshold is solved for target + correction, and each refresh adds the
+    last refreshes' miss (target - achieved, the zeros the prune op counted since the mark over `elements`)
+    to the correction, unless nothing was pruned (a gradient with the target's zeros already), keeping the
+    corrected target in [0, lognormal.MAX_CALIBRATED_TARGET]. The tensors live on the gradient's device and
+    are read and written by the fit itself (on CUDA inside its finishing kernel: no host sync)."""
+
+    correction: Tensor  # float64 0-d, read and updated
+    counter: Tensor  # int64 counter the prune op adds its zeros to
+    mark: Tensor  # int64 0-d: the counter's value at the last refresh; set to its value now
+    elements: int  # elements pruned since the mark (0: no miss to learn from, e.g. a fresh counter)
+    threshold: Tensor  # 0-d, the threshold used since the mark: 0 (nothing pruned) teaches nothing
+
+
+def calibrated_target(sparsity: float, calibration: Calibration) -> float:
+    """The torch path of the calibration (host floats, as the CPU fit is): updates the correction and the
+    mark, returns the target the threshold is solved for."""
+    correction = float(calibration.correction)
+    counted = int(calibration.counter)
+    if calibration.elements > 0 and float(calibration.threshold) > 0:
+        achieved = float(counted - int(calibration.mark)) / float(calibration.elements)
+        correction = min(
+            max(correction + sparsity - achieved, -sparsity), lognormal.MAX_CALIBRATED_TARGET - sparsity
+        )
+    calibration.correction.fill_(correction)
+    calibration.mark.fill_(counted)
+    return sparsity + correction
 
 
 def log_moments(x: Tensor, backend: Backend = "auto", mask: Tensor | None = None) -> Tensor:
@@ -99,6 +131,9 @@ def fit_statistics(
     rule: Rule = "mixture",
     scale_points: Tensor | None = None,
     backend: Backend = "auto",
+    calibration: Calibration | None = None,
+    count_zeros_into: Tensor | None = None,
+    min_zeros: int = 0,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(moments, fit, alpha): a layer's statistics from one `log_moments` reduction (its result the first),
     two launches on CUDA.
@@ -117,7 +152,10 @@ def fit_statistics(
     "reference" (the lognormal paper's code) counts them as zeros and aims the fitted part at
     (sparsity - s0)/(1 - s0), or fits every element where their share s0 reaches the target; "all" fits
     every element as one lognormal. mu and sigma are those of the unmasked elements, except where all are
-    fitted together.
+    fitted together. With `calibration` (and `sparsity`), the threshold aims at the target corrected by the
+    feedback of `Calibration`, which this call updates. count_zeros_into: an int64 counter to which x's
+    exact zeros are added, or `min_zeros` where that is more (pruning to a target reaches the larger: it
+    only adds zeros).
     """
     x = check_float(x, "fit_statistics")
     mask = _check_mask(mask, x)
@@ -125,17 +163,47 @@ def fit_statistics(
         raise ValueError(f"sparsity must be in [0, 1), got {sparsity}")
     if rule not in ("mixture", "reference", "all"):
         raise ValueError(f"rule must be 'mixture', 'reference' or 'all', got {rule!r}")
+    if calibration is not None:
+        _check_calibration(calibration, x, sparsity)
+    check_counter(count_zeros_into, x)
     if use_triton(x, backend):
         from gradcomp.kernels.stats import statistics_triton
 
-        moments, fit, alpha = statistics_triton(x, mask, sparsity, rule, scale_points)
+        moments, fit, alpha = statistics_triton(
+            x,
+            mask,
+            sparsity,
+            rule,
+            scale_points,
+            calibration=calibration,
+            zeros=count_zeros_into,
+            min_zeros=min_zeros,
+        )
         return moments, fit, alpha if sparsity is not None else None
     moments = log_moments(x, "torch", mask)
+    if count_zeros_into is not None:
+        zeros = moments[..., 3].sum().to(torch.int64).clamp_min(min_zeros)
+        count_zeros_into += zeros.view(count_zeros_into.shape)
+    if calibration is not None:
+        sparsity = calibrated_target(sparsity, calibration)
     values = _fit_values(moments.flatten().tolist(), x.numel(), sparsity, rule)
     fit = torch.tensor(values, dtype=torch.float64, device=x.device)
     if scale_points is not None:
         fit[4] = torch.exp2(log2_scale(fit[0] / math.log(2), fit[1] / math.log(2), scale_points))
     return moments, fit, None if sparsity is None else usable_threshold(fit[3], x)
+
+
+def _check_calibration(calibration: Calibration, x: Tensor, sparsity: float | None) -> None:
+    if sparsity is None:
+        raise ValueError("calibration needs a sparsity to calibrate")
+    for name, dtype in (("correction", torch.float64), ("counter", torch.int64), ("mark", torch.int64)):
+        value = getattr(calibration, name)
+        if value.dtype != dtype or value.numel() != 1 or value.device != x.device:
+            raise ValueError(f"calibration.{name} must be one {dtype} element on {x.device}")
+    if calibration.elements < 0:
+        raise ValueError(f"calibration.elements must be >= 0, got {calibration.elements}")
+    if calibration.threshold.numel() != 1 or calibration.threshold.device != x.device:
+        raise ValueError(f"calibration.threshold must be one element on {x.device}")
 
 
 def _fit_values(moments: list[float], numel: int, sparsity: float | None, rule: Rule) -> list[float]:

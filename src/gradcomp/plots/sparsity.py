@@ -124,7 +124,7 @@ def target_vs_achieved_sparsity(record: Record) -> Figure:
     ax.axvline(0.0, color="grey", linestyle="--")
     ax.set_yticks(list(positions.values()), list(positions), fontsize=7)
     ax.set_ylim(-len(ordered) + 0.4, 0.6)
-    ax.set(xlabel="achieved - target sparsity", title="(c) error by model: runs, layers")
+    ax.set(xlabel="achieved - attainable sparsity", title="(c) error by model: runs, layers")
     return figure
 
 
