@@ -65,6 +65,7 @@ class LayerState:
 
     name: str
     index: int
+    feature_axis: int = -1  # the axis of the layer's output features: 1 for convolutions (N, C, ...)
     stats: LayerStats = field(default_factory=LayerStats)
     refresh: bool = True
     fitted: bool = False  # refreshed in the last step: its fit is checked when the next one begins
@@ -239,6 +240,7 @@ class Attachment:
             zeros=layer.zeros if count else None,
             attainable=layer.attainable if count_input else None,
             layer=layer.name,
+            feature_axis=layer.feature_axis,
             backend=self.backend,
         )
         out = compress(self.policy, copy, layer.stats)
@@ -466,7 +468,7 @@ def attach(
     for index, (name, module) in enumerate(
         select_layers(model, config.types, config.include, config.exclude)
     ):
-        layer = LayerState(name, index)
+        layer = LayerState(name, index, 1 if isinstance(module, LAYER_TYPES["conv"]) else -1)
         attachment.layers.append(layer)
         if config.policy.two_streams:
             if config.placement != "output":

@@ -29,14 +29,16 @@ from gradcomp.lognormal import cosine_threshold, expected_sparsity, fit_lognorma
 from gradcomp.ops import (
     gaussian_threshold,
     laplace_threshold,
+    nm_prune,
     quantize_fp,
     quantize_int,
+    quantize_luq,
     stochastic_prune,
     topk_threshold,
 )
 from gradcomp.ops.int_quant import quantize_columns
 from gradcomp.ops.stats import FIT_FIELDS, Calibration, add_zero_count, fit_statistics, log2_scale
-from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Policy, Prune
+from gradcomp.policies import NM, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 
 _LN2 = math.log(2.0)
 CHAIN_SEED_STRIDE = 7919  # member k of a chain draws its random bits from seed + k * CHAIN_SEED_STRIDE
@@ -60,6 +62,7 @@ class GradientCopy:
     zeros: Tensor | None = None  # int64 counter to which the compressed gradient's zeros are added
     attainable: Tensor | None = None  # int64 counter of the zeros pruning can reach (see fit_statistics)
     layer: str = ""  # the layer's name (per-group settings)
+    feature_axis: int = -1  # the axis of the output features (N:M blocks run along it)
     backend: Backend = "auto"
 
 
@@ -403,3 +406,15 @@ def _chain(policy: Chain, copy: GradientCopy, stats: LayerStats) -> Tensor:
         member_copy = dataclasses.replace(copy, g=g, seed=chain_seed(copy.seed, index), zeros=zeros)
         g = compress(member, member_copy, own)
     return g
+
+
+@_implements(Luq)
+def _luq(policy: Luq, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    g, zeros = copy.g, copy.zeros
+    return quantize_luq(g, policy.bits, policy.samples, copy.seed, copy.backend, count_zeros_into=zeros)
+
+
+@_implements(NM)
+def _nm(policy: NM, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    axis = copy.feature_axis if copy.g.dim() > 1 else -1
+    return nm_prune(copy.g, policy.n, policy.m, axis, copy.seed, copy.backend, count_zeros_into=copy.zeros)

@@ -382,6 +382,67 @@ class FloatingPoint(Policy):
         return float(self.fmt.bits)
 
 
+@register("luq")
+@dataclass(frozen=True)
+class Luq(Policy):
+    """LUQ (Chmiel et al., ICLR 2023): the neural gradient in a `bits`-bit radix-2 logarithmic format whose
+    top level is the tensor's largest magnitude, with stochastic underflow below its smallest level and
+    unbiased rounding between levels above (`gradcomp.ops.quantize_luq`); samples > 1 is SMP, the mean of
+    that many independent quantizations (the variance they add divided by it). Acts by default on every
+    convolution and linear layer, as LUQ quantizes every GEMM's neural gradient."""
+
+    bits: int = 4
+    samples: int = 1
+
+    def __post_init__(self) -> None:
+        for key, low, high in (("bits", 2, 8), ("samples", 1, 16)):
+            value = getattr(self, key)
+            if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+                raise ValueError(f"luq: {key} must be an integer in [{low}, {high}], got {value!r}")
+
+    @property
+    def label(self) -> str:
+        return f"LUQ{self.bits}" + (f" SMP{self.samples}" if self.samples > 1 else "")
+
+    @property
+    def family(self) -> str:
+        return "LUQ"
+
+    def _dense_bits(self) -> float:
+        """Each SMP sample is a `bits`-bit tensor of its own (each feeds its own low-precision GEMM)."""
+        return float(self.bits * self.samples)
+
+
+@register("nm")
+@dataclass(frozen=True)
+class NM(Policy):
+    """Unbiased N:M pruning with minimum variance (Chmiel, Hubara, Banner, Soudry, ICLR 2023;
+    `gradcomp.ops.nm_prune`): at most n non-zeros in each block of m consecutive elements along the output
+    features (a convolution output's channels, a linear output's last axis), the reduction axis of the
+    GEMM that computes the input gradient, where sparse tensor cores (2:4) take the pattern."""
+
+    n: int = 2
+    m: int = 4
+
+    def __post_init__(self) -> None:
+        if not all(isinstance(v, int) and not isinstance(v, bool) for v in (self.n, self.m)):
+            raise ValueError(f"nm: n and m must be integers, got n={self.n!r}, m={self.m!r}")
+        if not 1 <= self.n < self.m <= 16:
+            raise ValueError(f"nm: need 1 <= n < m <= 16, got n={self.n}, m={self.m}")
+
+    @property
+    def label(self) -> str:
+        return f"MVUE {self.n}:{self.m}"
+
+    @property
+    def family(self) -> str:
+        return "N:M"
+
+    def _dense_bits(self) -> float:
+        """The n kept values in float32 and their positions (log2 C(m, n) bits per block, rounded up)."""
+        return (self.n * FLOAT32_BITS + math.ceil(math.log2(math.comb(self.m, self.n)))) / self.m
+
+
 @register("int")
 @dataclass(frozen=True)
 class Integer(Policy):

@@ -3,6 +3,8 @@ Triton kernel used for CUDA tensors; `backend="auto"|"torch"|"triton"` chooses."
 
 from gradcomp.ops.fp_quant import quantize_fp
 from gradcomp.ops.int_quant import quantize_int
+from gradcomp.ops.luq import quantize_luq
+from gradcomp.ops.nm import nm_prune
 from gradcomp.ops.prune import (
     gaussian_threshold,
     laplace_threshold,
@@ -20,8 +22,10 @@ __all__ = [
     "log_moments",
     "lognormal_threshold",
     "lognormal_threshold_from_moments",
+    "nm_prune",
     "quantize_fp",
     "quantize_int",
+    "quantize_luq",
     "stochastic_prune",
     "topk_threshold",
 ]
