@@ -39,9 +39,12 @@ def _underflow(alpha: float, sigma: float) -> float:
     return alpha * _partial(1, sigma, 0.0, alpha) - _partial(2, sigma, 0.0, alpha)
 
 
-def prune_variance(sigma: float, sparsity: float) -> float:
-    """Relative variance of stochastic pruning at the lognormal threshold for `sparsity` (no other zeros)."""
-    alpha = normalized_threshold_float(sigma, sparsity)
+def prune_variance(sigma: float, sparsity: float, zero_share: float = 0.0) -> float:
+    """Relative variance of stochastic pruning at the lognormal threshold for `sparsity`, where a share
+    `zero_share` of the elements is zero already (the non-zeros are pruned to the rest of the target)."""
+    if sparsity <= zero_share:
+        return 0.0
+    alpha = normalized_threshold_float(sigma, (sparsity - zero_share) / (1 - zero_share))
     return _underflow(alpha, sigma) / math.exp(2 * sigma * sigma)
 
 
@@ -74,9 +77,21 @@ def nm_keep_probabilities(magnitude: np.ndarray, n: int) -> np.ndarray:
     return keep_probabilities(torch.from_numpy(magnitude), n).numpy()
 
 
-def nm_variance(sigma: float, n: int = 2, m: int = 4, nodes: int = 16) -> float:
+def nm_variance(sigma: float, n: int = 2, m: int = 4, nodes: int = 16, zero_share: float = 0.0) -> float:
     """Relative variance of MVUE n:m pruning of iid lognormal magnitudes: exp(-sigma^2) for 1:2, otherwise
-    E[sum_i x_i^2 (1/p_i - 1)] / (m E[x^2]) by Gauss-Hermite quadrature with `nodes` points per element."""
+    E[sum_i x_i^2 (1/p_i - 1)] / (m E[x^2]) by Gauss-Hermite quadrature with `nodes` points per element.
+    With `zero_share`, each element is zero independently with that probability: a block with k non-zeros
+    is a full n:k block (nothing added where k <= n)."""
+    if zero_share > 0:
+        added = sum(
+            math.comb(m, k)
+            * (1 - zero_share) ** k
+            * zero_share ** (m - k)
+            * k
+            * nm_variance(sigma, n, k, nodes)
+            for k in range(n + 1, m + 1)
+        )
+        return added / (m * (1 - zero_share))
     if (n, m) == (1, 2):
         return math.exp(-sigma * sigma)
     points, weights = np.polynomial.hermite_e.hermegauss(nodes)

@@ -67,15 +67,15 @@ def fqt_weight_gradients(
     model: nn.Module,
     images: Tensor,
     labels: Tensor,
-    policy: Policy | str,
+    policy: Policy | str | CompressionConfig,
     draws: int,
     seed: int = 0,
     first_step: int = 0,
 ) -> Tensor:
     """`draws` weight gradients [draws, P] of one batch with `policy` attached at its own placement (int:
-    convolutions and linear layers; fp: convolutions). Each draw is a different attachment step, hence
-    different random bits; give disjoint `first_step` ranges to different batches so that no two draws
-    share bits."""
+    convolutions and linear layers; fp: convolutions) or where a `CompressionConfig` puts it. Each draw is
+    a different attachment step, hence different random bits; give disjoint `first_step` ranges to
+    different batches so that no two draws share bits."""
     attachment = attach(model, policy, seed=seed)
     try:
         draws_out = []

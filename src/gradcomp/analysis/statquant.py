@@ -57,12 +57,12 @@ NAMES = {scheme: scheme.upper() for scheme in SCHEMES}
 Batch = tuple[Tensor, Tensor]
 
 
-def _models(group: RunGroup) -> Iterator[tuple[int, Run, nn.Module]]:
+def trained_models(group: RunGroup) -> Iterator[tuple[int, Run, nn.Module]]:
     for seed, run in group.runs.items():
         yield seed, run, load_trained_model(run).eval()
 
 
-def _batches(run: Run, count: int) -> list[Batch]:
+def eval_batches(run: Run, count: int) -> list[Batch]:
     """The first `count` full test batches of the run's batch size, in a fixed shuffled order so that every
     batch mixes classes; test splits are never augmented."""
     config = run.config
@@ -168,8 +168,8 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
     )
     spreads = PerSeed(("layer",), {"sigma_ln_sample_range": POSITIVE})
     ranges_table, codes_table = [], []
-    for seed, run, model in _models(group):
-        gradients = output_gradients(model, *_batches(run, 1)[0])
+    for seed, run, model in trained_models(group):
+        gradients = output_gradients(model, *eval_batches(run, 1)[0])
         if settings.layer not in gradients:
             known = ", ".join(gradients)
             raise KeyError(
@@ -242,8 +242,8 @@ def _variances(settings: VarianceVsBits, group: RunGroup) -> tuple[PerSeed, PerS
     points = PerSeed(("bits", "scheme"), {"quantization_variance": POSITIVE, "ln_variance": LINEAR})
     schemes = PerSeed(("scheme",), {"per_bit_factor": POSITIVE})
     sampling_rows = []
-    for seed, run, model in _models(group):
-        batches = _batches(run, max(settings.batches, settings.sampling_batches))
+    for seed, run, model in trained_models(group):
+        batches = eval_batches(run, max(settings.batches, settings.sampling_batches))
         qat = torch.stack([weight_gradients(model, *batch) for batch in batches])
         estimate, error = unbiased_sampling_variance(qat[: settings.sampling_batches])
         points.add(
@@ -442,8 +442,8 @@ def unbiasedness(settings: Unbiasedness, runs: dict[str, RunGroup]) -> Result:
     }
     errors = PerSeed(("policy", "draws"), {"relative_error": POSITIVE})
     slopes = PerSeed(("policy",))
-    for seed, run, model in _models(group):
-        images, labels = _batches(run, 1)[0]
+    for seed, run, model in trained_models(group):
+        images, labels = eval_batches(run, 1)[0]
         exact = weight_gradients(model, images, labels)
         for name, policy in policies.items():
             draws = fqt_weight_gradients(model, images, labels, policy, ks[-1], seed=seed)
@@ -575,8 +575,8 @@ def range_sigma_predictor(settings: RangePredictor, runs: dict[str, RunGroup]) -
     group = runs[settings.run]
     layers = PerSeed(("layer", "values_per_sample"), dict.fromkeys((*PREDICTORS, *GAINS), POSITIVE))
     correlations = PerSeed(("predictor", "gain"), {"rho": CORRELATION})
-    for seed, run, model in _models(group):
-        per_batch = [output_gradients(model, *batch) for batch in _batches(run, settings.batches)]
+    for seed, run, model in trained_models(group):
+        per_batch = [output_gradients(model, *batch) for batch in eval_batches(run, settings.batches)]
         mine = []
         for layer in per_batch[0]:
             tensors = [gradients[layer] for gradients in per_batch]

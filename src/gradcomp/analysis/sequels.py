@@ -1,0 +1,242 @@
+"""C3: the lognormal paper's sequels, LUQ and MVUE N:M, against stochastic pruning at the same density.
+
+Accuracy: every arm against the uncompressed run of its model and scale (paired by seed). Variance: on each
+baseline's trained model (eval mode, test batches), the variance each arm's policy adds (a) to the neural
+gradients it compresses, relative to their energy, measured on the captured gradients and predicted by
+`gradcomp.unbiased_theory` from each layer's lognormal fit, its share of zeros and its largest value, and
+(b) to the weight gradient, relative to the weight gradient's energy (what SGD sees).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+from torch import Tensor, nn
+
+from gradcomp.analysis.accuracy import (
+    WithinModels,
+    gap_columns,
+    model_finding,
+    per_seed_table,
+    run_row,
+    scale_note,
+)
+from gradcomp.analysis.claims import differs, equivalent, undecided
+from gradcomp.analysis.gradients import fqt_weight_gradients, quantization_variance, weight_gradients
+from gradcomp.analysis.runs import RunGroup, training_context
+from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
+from gradcomp.analysis.statquant import eval_batches, trained_models
+from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import BETTER, Pair, compare, one_sample, summarise
+from gradcomp.attachment import attach
+from gradcomp.compress import GradientCopy, LayerStats, compress
+from gradcomp.config import CompressionConfig
+from gradcomp.experiments import Successors
+from gradcomp.policies import NM, Luq, Policy, Prune
+from gradcomp.unbiased_theory import luq_variance, nm_variance, prune_variance
+
+
+def predicted_variance(policy: Policy, g: Tensor) -> float | None:
+    """The theory's relative added variance for one layer's gradient g, from the lognormal fit of its
+    non-zeros (natural-log mu, sigma), its zero share and its largest value; None for other policies."""
+    values = g.detach().double().flatten()
+    nonzero = values[(values != 0) & torch.isfinite(values)].abs()
+    if nonzero.numel() < 2:
+        return None
+    logs = nonzero.log()
+    mu, sigma = float(logs.mean()), float(logs.std())
+    zeros = 1.0 - nonzero.numel() / values.numel()
+    if isinstance(policy, Luq):
+        largest = float(nonzero.max()) / math.exp(mu)
+        return luq_variance(sigma, policy.bits, values.numel(), policy.samples, largest=largest)
+    if isinstance(policy, NM):
+        return nm_variance(sigma, policy.n, policy.m, zero_share=zeros)
+    if isinstance(policy, Prune) and policy.estimator == "lognormal" and not policy.heterogeneous:
+        return prune_variance(sigma, policy.sparsity, zeros)
+    return None
+
+
+def _captured(model: nn.Module, config: CompressionConfig, images: Tensor, labels: Tensor) -> list[tuple]:
+    """(layer name, gradient, BatchNorm-output mask, feature axis) of every layer `config` selects, one
+    uncompressed backward pass."""
+    captured = []
+    attachment = attach(model, dataclasses.replace(config, policy="none"))
+    axes = {layer.name: layer.feature_axis for layer in attachment.layers}
+    attachment.observers.append(
+        lambda name, g, active: captured.append((name, g.detach().clone(), active, axes[name]))
+    )
+    try:
+        nn.functional.cross_entropy(model(images), labels).backward()
+    finally:
+        attachment.detach()
+        model.zero_grad(set_to_none=True)
+    return captured
+
+
+def _neural_variance(
+    policy: Policy, captured: list[tuple], draws: int, seed: int
+) -> tuple[float, float | None]:
+    """(measured, predicted) added variance over energy of the captured gradients, element-weighted over
+    the layers: measured over `draws` draws of the policy's compressor (a layer's statistics fitted on
+    its own gradient), predicted by the theory for each layer."""
+    added, energy, predicted = 0.0, 0.0, 0.0
+    for index, (_, g, active, axis) in enumerate(captured):
+        bn_output = None if active is None else active.to(g.dtype)
+        for draw in range(draws):
+            copy = GradientCopy(g, seed * 1000 + index * draws + draw, bn_output=bn_output, feature_axis=axis)
+            added += (
+                float((compress(policy, copy, LayerStats()).double() - g.double()).square().sum()) / draws
+            )
+        layer_energy = float(g.double().square().sum())
+        energy += layer_energy
+        layer_prediction = predicted_variance(policy, g)
+        predicted = math.nan if layer_prediction is None else predicted + layer_prediction * layer_energy
+    return added / energy, (None if math.isnan(predicted) else predicted / energy)
+
+
+def _variances(settings: Successors, models: WithinModels) -> PerSeed:
+    """Per seed of each baseline's trained model: each arm's measured and predicted neural-gradient
+    variance and its weight-gradient variance, relative to the energies."""
+    variance = PerSeed(("run",), {"neural": POSITIVE, "predicted": POSITIVE, "weight": POSITIVE})
+    chosen = set(settings.seeds) if settings.seeds is not None else None
+    for baseline in models.baselines:
+        arms = models.arms_of(baseline)
+        for seed, run, model in trained_models(baseline):
+            if chosen is not None and seed not in chosen:
+                continue
+            batches = eval_batches(run, settings.batches)
+            for arm in arms:
+                config = CompressionConfig(**arm.config["compression"])
+                neural, predicted, weight = [], [], []
+                for index, (images, labels) in enumerate(batches):
+                    captured = _captured(model, config, images, labels)
+                    measured, theory = _neural_variance(arm.policy, captured, settings.draws, seed + index)
+                    neural.append(measured)
+                    predicted.append(theory)
+                    exact = weight_gradients(model, images, labels)
+                    draws = fqt_weight_gradients(
+                        model,
+                        images,
+                        labels,
+                        config,
+                        settings.draws,
+                        seed=seed,
+                        first_step=index * settings.draws,
+                    )
+                    weight.append(
+                        quantization_variance(exact[None], draws[None]) / float(exact.double().square().sum())
+                    )
+                theory = None if None in predicted else sum(predicted) / len(predicted)
+                variance.add(
+                    seed,
+                    {"run": arm.name},
+                    neural=sum(neural) / len(neural),
+                    predicted=theory,
+                    ln_ratio=None if theory is None else math.log(sum(neural) / len(neural) / theory),
+                    weight=sum(weight) / len(weight),
+                )
+    return variance
+
+
+def _theory_pairs(settings: Successors, models: WithinModels, variance: PerSeed) -> list[Pair]:
+    """ln(measured / predicted) of every arm the theory covers, against 0."""
+    return [
+        one_sample(
+            f"{models.label(arm)} measured/predicted",
+            variance.values({"run": arm.name}, "ln_ratio"),
+            0.0,
+            "theory",
+            margin=settings.theory_margin,
+            higher_is_better=None,
+            unit="ln",
+            bounds=LINEAR,
+        )
+        for arm in models.arms
+        if variance.values({"run": arm.name}, "ln_ratio")
+    ]
+
+
+def _mvue_pairs(models: WithinModels, variance: PerSeed) -> list[Pair]:
+    """Each N:M arm's measured neural-gradient variance against that of the naive unbiased n:m estimator
+    (n of m kept at random, times m/n: relative variance m/n - 1 whatever the gradient)."""
+    return [
+        one_sample(
+            f"{models.label(arm)} variance",
+            {seed: math.log(v) for seed, v in variance.values({"run": arm.name}, "neural").items()},
+            math.log(arm.policy.m / arm.policy.n - 1),
+            f"naive unbiased {arm.policy.n}:{arm.policy.m} (ln {arm.policy.m / arm.policy.n - 1:g})",
+            higher_is_better=False,
+            unit="ln",
+            bounds=LINEAR,
+        )
+        for arm in models.arms
+        if isinstance(arm.policy, NM) and variance.values({"run": arm.name}, "neural")
+    ]
+
+
+def _c3_caption(settings: Successors, models: WithinModels, groups: dict[str, RunGroup]) -> str:
+    return f"""(a) Final test accuracy of each arm (mean over seeds with 95 % CI, dots: every seed) against
+        the uncompressed run of its model and scale (dashed line and band): LUQ (4-bit logarithmic, alpha
+        from the tensor's maximum; SMP: the mean of several draws), MVUE N:M (blocks along the output
+        features), stochastic pruning with the lognormal threshold. {models.caption()}.
+        {training_context(groups)}. (b) The variance each arm's policy adds, relative to the energy of what
+        it compresses: on the neural gradients (measured over {settings.draws} draws on each of
+        {settings.batches} test batches of the baseline's trained model, in eval mode; predicted by the
+        lognormal theory from each layer's fit, zero share and largest value, element-weighted) and on the
+        weight gradient. Comparisons: each arm against its baseline (paired by seed, Holm, equivalence
+        within ±{settings.margin:g} pt); measured against predicted variance (ln ratio, equivalence within
+        ±{settings.theory_margin:g}); each N:M arm's variance against the naive unbiased estimator's."""
+
+
+def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
+    """C3: accuracy and added variance of LUQ, MVUE N:M and stochastic pruning against fp32."""
+    models = WithinModels.of(
+        settings.present(settings.baselines, runs),
+        settings.present(settings.runs, runs),
+        "experiments.C3.baseline",
+    )
+    variance = _variances(settings, models)
+    theory, mvue = _theory_pairs(settings, models, variance), _mvue_pairs(models, variance)
+    comparisons = compare(models.gap_pairs(settings.margin) + theory + mvue)
+    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
+    rows = []
+    for baseline in models.baselines:
+        rows.append({"model": models.name(baseline), "policy": "none", **run_row(baseline)})
+        rows += [
+            {"model": models.name(baseline), "policy": arm.policy.describe(), **run_row(arm)}
+            for arm in models.arms_of(baseline)
+        ]
+    gap_columns(rows, gaps)
+    luq = [gaps[a.name] for a in models.arms if isinstance(a.policy, Luq) and a.policy.samples == 1]
+    claims = [
+        equivalent("Q1", luq) if luq else undecided("Q1", "no single-sample LUQ run"),
+        differs("Q2", comparisons[len(comparisons) - len(mvue) :], BETTER)
+        if mvue
+        else undecided("Q2", "no N:M run"),
+    ]
+    findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
+    start = len(models.arms)
+    if theory:
+        measured = summarise(comparisons[start : start + len(theory)])
+        findings.append(f"Variance, measured against the theory: {measured}.")
+    if mvue:
+        naive = summarise(comparisons[start + len(theory) :])
+        findings.append(f"Variance of MVUE N:M against the naive unbiased estimator: {naive}.")
+    groups = {group.name: group for group in [*models.baselines, *models.arms]}
+    return Result(
+        caption=_c3_caption(settings, models, groups),
+        tables={
+            "main": Table("Accuracy of the sequels' compressors", rows, note=scale_note(groups)),
+            "variance": Table(
+                "Added variance relative to the energy (neural gradients: measured and predicted; weight "
+                "gradient: measured)",
+                [{"label": groups[r["run"]].label, **r} for r in variance.rows()],
+            ),
+            "seeds": per_seed_table([*models.baselines, *models.arms]),
+        },
+        comparisons=comparisons,
+        findings=findings,
+        claims=claims,
+    )
