@@ -131,8 +131,8 @@ class Prune(Policy):
     lognormal (heavier tails, e.g. DeiT's), the closed-form threshold misses the target by a few hundredths;
     with calibrate each refresh adds the layer's last miss (target - achieved zeros, as counted) to the
     target it solves for, so the achieved sparsity converges to the target within a few refreshes. A layer
-    whose gradient already has more zeros than the target prunes nothing (its corrected target falls to
-    0). False: the paper's closed-form threshold alone.
+    whose gradient already has more zeros than the target prunes nothing, and such a refresh teaches the
+    correction nothing. False: the paper's closed-form threshold alone.
 
     min_cosine: heterogeneous sparsity (section 2.7): no layer's predicted cosine similarity between
     pruned and original gradient (lognormal truncated at `truncation` sigmas) falls below it, and

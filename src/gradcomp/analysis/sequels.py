@@ -97,16 +97,14 @@ def _neural_variance(
 
 
 def _variances(settings: Successors, models: WithinModels) -> PerSeed:
-    """Per seed of each baseline's trained model: each arm's measured and predicted neural-gradient
-    variance and its weight-gradient variance, relative to the energies."""
+    """Per seed of each baseline's trained model (the seeds the pipeline read): each arm's measured and
+    predicted neural-gradient variance and its weight-gradient variance, relative to the energies."""
     variance = PerSeed(("run",), {"neural": POSITIVE, "predicted": POSITIVE, "weight": POSITIVE})
-    chosen = set(settings.seeds) if settings.seeds is not None else None
     for baseline in models.baselines:
         arms = models.arms_of(baseline)
         for seed, run, model in trained_models(baseline):
-            if chosen is not None and seed not in chosen:
-                continue
             batches = eval_batches(run, settings.batches)
+            exact = [weight_gradients(model, images, labels) for images, labels in batches]  # shared by arms
             for arm in arms:
                 config = CompressionConfig(**arm.config["compression"])
                 neural, predicted, weight = [], [], []
@@ -115,7 +113,6 @@ def _variances(settings: Successors, models: WithinModels) -> PerSeed:
                     measured, theory = _neural_variance(arm.policy, captured, settings.draws, seed + index)
                     neural.append(measured)
                     predicted.append(theory)
-                    exact = weight_gradients(model, images, labels)
                     draws = fqt_weight_gradients(
                         model,
                         images,
@@ -125,16 +122,16 @@ def _variances(settings: Successors, models: WithinModels) -> PerSeed:
                         seed=seed,
                         first_step=index * settings.draws,
                     )
-                    weight.append(
-                        quantization_variance(exact[None], draws[None]) / float(exact.double().square().sum())
-                    )
+                    energy = float(exact[index].double().square().sum())
+                    weight.append(quantization_variance(exact[index][None], draws[None]) / energy)
+                mean = sum(neural) / len(neural)
                 theory = None if None in predicted else sum(predicted) / len(predicted)
                 variance.add(
                     seed,
                     {"run": arm.name},
-                    neural=sum(neural) / len(neural),
+                    neural=mean,
                     predicted=theory,
-                    ln_ratio=None if theory is None else math.log(sum(neural) / len(neural) / theory),
+                    ln_ratio=None if theory is None else math.log(mean / theory),
                     weight=sum(weight) / len(weight),
                 )
     return variance
