@@ -227,3 +227,15 @@ def test_the_ops_are_their_kernels_without_sync(kernel_device):
         with count_work() as work:
             call()
         assert sum(work.launches.values()) == launches and not work.syncs, str(work)
+
+
+def test_c3_predictions_are_relative_to_the_measured_energy():
+    """On one lognormal the rescaling to the measured mean square changes nothing beyond sampling noise; on
+    a two-population gradient (a layer's usual shape, A1) it keeps the prediction in absolute terms."""
+    from gradcomp.analysis.sequels import predicted_variance
+
+    policy = parse_policy("prune:sparsity=0.5")
+    g = lognormal_gradient((1 << 16,), sigma=1.0, specials=False).double()
+    assert predicted_variance(policy, g) == pytest.approx(prune_variance(1.0, 0.5), rel=0.05)
+    outliers = torch.cat([g, 1e3 * g[:64]])
+    assert predicted_variance(policy, outliers) < 0.1 * prune_variance(1.0, 0.5)
