@@ -2,12 +2,12 @@
 
 CPU (vectorised torch path, 2^22 float32 elements): lognormal threshold + prune vs the kthvalue and sort
 thresholds + prune; quantize_fp vs torch's float8 cast and qtorch's float_quantize (when installed:
-`pip install -e .[bench]`); quantize_int per scheme; quantize_luq and nm_prune. CUDA (when present; 2^24
-and 2^28 elements): per op the launches and host syncs of one call, the host time (until the call
-returns) and the device time (its kernels' durations), and the fraction of a device copy's bandwidth it
-reaches, with lognormal threshold + prune against the torch.topk threshold + prune and quantize_fp
-against torch's float8 cast. Without a GPU and with TRITON_INTERPRET=1, the device path's launches per
-call (no times). Prints Markdown tables; all figures are ratios measured in this run.
+`pip install -e .[bench]`); quantize_int per scheme; quantize_luq, nm_prune, quantize_block and
+hadamard. CUDA (when present; 2^24 and 2^28 elements): per op the launches and host syncs of one call, the
+host time (until the call returns) and the device time (its kernels' durations), and the fraction of a
+device copy's bandwidth it reaches, with lognormal threshold + prune against the torch.topk threshold +
+prune and quantize_fp against torch's float8 cast. Without a GPU and with TRITON_INTERPRET=1, the device
+path's launches per call (no times). Prints Markdown tables; all figures are ratios measured in this run.
 
     python benchmarks/ops.py [--numel 4194304] [--repeats 11] [--device auto|cpu|cuda] [--quick]
 """
@@ -23,9 +23,11 @@ from collections.abc import Callable
 import torch
 
 from gradcomp import (
+    hadamard,
     log_moments,
     lognormal_threshold,
     nm_prune,
+    quantize_block,
     quantize_fp,
     quantize_int,
     quantize_luq,
@@ -155,6 +157,16 @@ def cpu_rows(numel: int, repeats: int) -> tuple[list[dict], list[str]]:
         )
     row("quantize_luq 4-bit", lambda: quantize_luq(x, seed=0), "", None)
     row("nm_prune 2:4 (last axis)", lambda: nm_prune(rows_2d, 2, 4, seed=0), "", None)
+    row("quantize_block mxfp4 stochastic", lambda: quantize_block(x, "e2m1fn", rounding="stochastic", seed=0),
+        "", None)  # fmt: skip
+    row(
+        "quantize_block mxfp4 + hadamard 32",
+        lambda: quantize_block(x, "e2m1fn", hadamard=32, seed=0),
+        "",
+        None,
+    )
+    row("quantize_block nvfp4", lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn"), "", None)
+    row("hadamard 16", lambda: hadamard(x, 16, seed=0), "", None)
     return rows, notes
 
 
@@ -236,6 +248,26 @@ def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Calla
         ("quantize_int 5-bit bhq (256 rows)", lambda: quantize_int(rows, 5, "bhq", 0, backend), moved, ""),
         ("quantize_luq 4-bit", lambda: quantize_luq(x, seed=0, backend=backend), moved + read, ""),
         ("nm_prune 2:4", lambda: nm_prune(rows, 2, 4, seed=0, backend=backend), moved, ""),
+        ("quantize_block mxfp8 nearest", lambda: quantize_block(x, "e4m3fn", backend=backend), moved, ""),
+        (
+            "quantize_block mxfp4 stochastic",
+            lambda: quantize_block(x, "e2m1fn", rounding="stochastic", seed=0, backend=backend),
+            moved,
+            "",
+        ),
+        (
+            "quantize_block mxfp4 + hadamard 32",
+            lambda: quantize_block(x, "e2m1fn", hadamard=32, seed=0, backend=backend),
+            moved,
+            "",
+        ),
+        (
+            "quantize_block nvfp4",
+            lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn", backend=backend),
+            moved + read,
+            "",
+        ),
+        ("hadamard 16", lambda: hadamard(x, 16, seed=0, backend=backend), moved, ""),
     ]
 
 

@@ -20,6 +20,8 @@ _EXPORTS = {
     "attach": "gradcomp.attachment",
     "select_layers": "gradcomp.attachment",
     "CompressionConfig": "gradcomp.config",
+    "Block": "gradcomp.policies",
+    "BlockFormat": "gradcomp.block_format",
     "Chain": "gradcomp.policies",
     "FloatingPoint": "gradcomp.policies",
     "Integer": "gradcomp.policies",
@@ -49,7 +51,10 @@ _EXPORTS = {
     "log_moments": "gradcomp.ops",
     "lognormal_threshold": "gradcomp.ops",
     "lognormal_threshold_from_moments": "gradcomp.ops",
+    "hadamard": "gradcomp.ops",
+    "hadamard_inverse": "gradcomp.ops",
     "nm_prune": "gradcomp.ops",
+    "quantize_block": "gradcomp.ops",
     "quantize_fp": "gradcomp.ops",
     "quantize_int": "gradcomp.ops",
     "quantize_luq": "gradcomp.ops",
@@ -70,6 +75,8 @@ __all__ = [
     "NM",
     "PAPER_FORMATS",
     "Attachment",
+    "Block",
+    "BlockFormat",
     "Chain",
     "CompressionConfig",
     "FPFormat",
@@ -83,6 +90,8 @@ __all__ = [
     "count_work",
     "fit_statistics",
     "gaussian_threshold",
+    "hadamard",
+    "hadamard_inverse",
     "laplace_threshold",
     "log_moments",
     "lognormal_threshold",
@@ -90,6 +99,7 @@ __all__ = [
     "nm_prune",
     "parse_format",
     "parse_policy",
+    "quantize_block",
     "quantize_fp",
     "quantize_int",
     "quantize_luq",
@@ -100,6 +110,7 @@ __all__ = [
 
 if TYPE_CHECKING:
     from gradcomp.attachment import Attachment, attach, select_layers
+    from gradcomp.block_format import BlockFormat
     from gradcomp.config import CompressionConfig
     from gradcomp.formats import (
         DTYPE_FORMATS,
@@ -119,11 +130,14 @@ if TYPE_CHECKING:
     from gradcomp.ops import (
         fit_statistics,
         gaussian_threshold,
+        hadamard,
+        hadamard_inverse,
         laplace_threshold,
         log_moments,
         lognormal_threshold,
         lognormal_threshold_from_moments,
         nm_prune,
+        quantize_block,
         quantize_fp,
         quantize_int,
         quantize_luq,
@@ -132,6 +146,7 @@ if TYPE_CHECKING:
     )
     from gradcomp.policies import (
         NM,
+        Block,
         Chain,
         FloatingPoint,
         Integer,

@@ -30,6 +30,7 @@ from gradcomp.ops import (
     gaussian_threshold,
     laplace_threshold,
     nm_prune,
+    quantize_block,
     quantize_fp,
     quantize_int,
     quantize_luq,
@@ -38,7 +39,7 @@ from gradcomp.ops import (
 )
 from gradcomp.ops.int_quant import quantize_columns
 from gradcomp.ops.stats import FIT_FIELDS, Calibration, add_zero_count, fit_statistics, log2_scale
-from gradcomp.policies import NM, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
+from gradcomp.policies import NM, Block, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 
 _LN2 = math.log(2.0)
 CHAIN_SEED_STRIDE = 7919  # member k of a chain draws its random bits from seed + k * CHAIN_SEED_STRIDE
@@ -418,3 +419,29 @@ def _luq(policy: Luq, copy: GradientCopy, stats: LayerStats) -> Tensor:
 def _nm(policy: NM, copy: GradientCopy, stats: LayerStats) -> Tensor:
     axis = copy.feature_axis if copy.g.dim() > 1 else -1
     return nm_prune(copy.g, policy.n, policy.m, axis, copy.seed, copy.backend, count_zeros_into=copy.zeros)
+
+
+@_implements(Block)
+def _block(policy: Block, copy: GradientCopy, stats: LayerStats) -> Tensor:
+    """Blocks along the reduction axis of the copy's GEMM: the output features for the input gradient, the
+    other axes (flattened) for the weight gradient."""
+    g, fmt = copy.g, policy.format
+    quantize = functools.partial(
+        quantize_block,
+        element=fmt.element,
+        block_size=fmt.block_size,
+        scale=fmt.scale,
+        rounding=policy.rounding,
+        seed=copy.seed,
+        scale_rule=fmt.rule,
+        hadamard=policy.hadamard,
+        backend=copy.backend,
+        count_zeros_into=copy.zeros,
+    )
+    if g.dim() < 2:
+        return quantize(g)
+    if not copy.weight_path:
+        return quantize(g, axis=copy.feature_axis)
+    features = g.movedim(copy.feature_axis, 0)
+    out = quantize(features.reshape(features.shape[0], -1))
+    return out.view(features.shape).movedim(0, copy.feature_axis)

@@ -21,6 +21,8 @@ from typing import Any, ClassVar
 
 import yaml
 
+from gradcomp.block_format import PRESETS as BLOCK_PRESETS
+from gradcomp.block_format import BlockFormat, check_transform_size
 from gradcomp.formats import FPFormat, parse_format
 
 POLICIES: dict[str, type[Policy]] = {}
@@ -498,6 +500,59 @@ class Integer(Policy):
         return float(self.bits + weight)
 
 
+@register("block")
+@dataclass(frozen=True)
+class Block(Policy):
+    """Block-scaled floating-point gradients (OCP MX, NVFP4; `gradcomp.ops.quantize_block`): blocks of `block`
+    consecutive elements share a scale of format `scale` (`gradcomp.block_format`), optionally after a random
+    Hadamard transform of `hadamard` elements (0: none), with nearest or stochastic rounding. The output
+    gradient feeds two GEMMs whose reductions run along different axes, and the hardware recipes quantize
+    each copy with blocks along its GEMM's reduction axis: the input-gradient copy along the output features
+    (a convolution's channels, a linear layer's last axis), the weight-gradient copy along the batch (and
+    spatial positions), every other axis flattened. The presets ``mxfp8``, ``mxfp6``, ``mxfp4`` and ``nvfp4``
+    are names for their formats (parameters may follow: ``mxfp4:rounding=stochastic,hadamard=32``). Acts by
+    default on every convolution and linear layer, as the recipes quantize every GEMM."""
+
+    element: str = "e4m3fn"
+    block: int = 32
+    scale: str = "e8m0fnu"
+    rule: str = "floor"
+    rounding: str = "nearest"
+    hadamard: int = 0
+    two_streams: ClassVar[bool] = True
+    _format: BlockFormat = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        try:
+            fmt = BlockFormat(self.element, self.block, self.scale, self.rule)
+            if self.hadamard:
+                check_transform_size(self.hadamard, self.block)
+        except (TypeError, ValueError) as error:
+            raise ValueError(f"block: {error}") from error
+        object.__setattr__(self, "_format", fmt)
+        object.__setattr__(self, "element", fmt.element)
+        if self.rounding not in ("nearest", "stochastic"):
+            raise ValueError(f"block: rounding must be nearest or stochastic, got {self.rounding!r}")
+
+    @property
+    def format(self) -> BlockFormat:
+        return self._format
+
+    @property
+    def label(self) -> str:
+        rounding = " SR" if self.rounding == "stochastic" else ""
+        transform = f" H{self.hadamard}" if self.hadamard else ""
+        return f"{self.format.label}{rounding}{transform}"
+
+    @property
+    def family(self) -> str:
+        return "FP, block scale"
+
+    def _dense_bits(self) -> float:
+        """Two copies, each element bits plus the scale's 8 bits shared by a block (e.g. MXFP4: 4.25)."""
+        return 2 * self.format.bits_per_element
+
+
 @dataclass(frozen=True)
 class Chain(Policy):
     """Apply policies in order (e.g. prune then FP); each keeps its own statistics."""
@@ -572,8 +627,12 @@ def _type_name(value: Any) -> str:
 
 
 def _build(name: Any, kwargs: dict[str, Any]) -> Policy:
+    if name in BLOCK_PRESETS:  # a block format's name: its parameters, then the ones given
+        preset = BLOCK_PRESETS[name]
+        fields = {"element": preset.element, "block": preset.block_size, "scale": preset.scale}
+        name, kwargs = "block", {**fields, **kwargs}
     if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose from {sorted(POLICIES)}")
+        raise ValueError(f"unknown policy {name!r}; choose from {sorted([*POLICIES, *BLOCK_PRESETS])}")
     cls = POLICIES[name]
     allowed = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key, value in kwargs.items():

@@ -19,6 +19,7 @@ from torch import Tensor
 
 MASK32 = 0xFFFFFFFF
 MIX1, MIX2 = 0x7FEB352D, 0x846CA68B
+SIGN_COUNTER = 1 << 62  # counters of the Hadamard transform's signs: beyond any element index
 _CHUNK = 1 << 32  # elements sharing the high word of the counter
 _SHORT = 1 << 18  # requests up to this size (the chunks of gradcomp.ops) start from a cached counter
 

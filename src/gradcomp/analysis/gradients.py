@@ -10,6 +10,7 @@ mode (BatchNorm on running statistics) so that samples are independent and repea
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 
 import torch
@@ -47,6 +48,25 @@ def output_gradients(model: nn.Module, images: Tensor, labels: Tensor) -> dict[s
     attachment = attach(model, CompressionConfig(layer_types=LAYERS))
     attachment.observers.append(
         lambda name, g, active: captured.__setitem__(name, g.detach().flatten(1).clone())
+    )
+    try:
+        _loss(model, images, labels).backward()
+    finally:
+        attachment.detach()
+        model.zero_grad(set_to_none=True)
+    return captured
+
+
+def captured_gradients(
+    model: nn.Module, config: CompressionConfig, images: Tensor, labels: Tensor
+) -> list[tuple[str, Tensor, Tensor | None, int]]:
+    """(layer name, gradient, BatchNorm-output mask, feature axis) of every layer `config` selects, one
+    uncompressed backward pass."""
+    captured = []
+    attachment = attach(model, dataclasses.replace(config, policy="none"))
+    axes = {layer.name: layer.feature_axis for layer in attachment.layers}
+    attachment.observers.append(
+        lambda name, g, active: captured.append((name, g.detach().clone(), active, axes[name]))
     )
     try:
         _loss(model, images, labels).backward()

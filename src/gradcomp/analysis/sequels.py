@@ -9,11 +9,10 @@ gradients it compresses, relative to their energy, measured on the captured grad
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import torch
-from torch import Tensor, nn
+from torch import Tensor
 
 from gradcomp.analysis.accuracy import (
     WithinModels,
@@ -24,13 +23,17 @@ from gradcomp.analysis.accuracy import (
     scale_note,
 )
 from gradcomp.analysis.claims import differs, equivalent, undecided
-from gradcomp.analysis.gradients import fqt_weight_gradients, quantization_variance, weight_gradients
+from gradcomp.analysis.gradients import (
+    captured_gradients,
+    fqt_weight_gradients,
+    quantization_variance,
+    weight_gradients,
+)
 from gradcomp.analysis.runs import RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import BETTER, Pair, compare, one_sample, summarise
-from gradcomp.attachment import attach
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
@@ -67,23 +70,6 @@ def predicted_variance(policy: Policy, g: Tensor) -> float | None:
     return relative * math.exp(2 * mu + 2 * sigma * sigma) / float(nonzero.square().mean())
 
 
-def _captured(model: nn.Module, config: CompressionConfig, images: Tensor, labels: Tensor) -> list[tuple]:
-    """(layer name, gradient, BatchNorm-output mask, feature axis) of every layer `config` selects, one
-    uncompressed backward pass."""
-    captured = []
-    attachment = attach(model, dataclasses.replace(config, policy="none"))
-    axes = {layer.name: layer.feature_axis for layer in attachment.layers}
-    attachment.observers.append(
-        lambda name, g, active: captured.append((name, g.detach().clone(), active, axes[name]))
-    )
-    try:
-        nn.functional.cross_entropy(model(images), labels).backward()
-    finally:
-        attachment.detach()
-        model.zero_grad(set_to_none=True)
-    return captured
-
-
 def _neural_variance(
     policy: Policy, captured: list[tuple], draws: int, seed: int
 ) -> tuple[float, float | None]:
@@ -118,7 +104,7 @@ def _variances(settings: Successors, models: WithinModels) -> PerSeed:
                 config = CompressionConfig(**arm.config["compression"])
                 neural, predicted, weight = [], [], []
                 for index, (images, labels) in enumerate(batches):
-                    captured = _captured(model, config, images, labels)
+                    captured = captured_gradients(model, config, images, labels)
                     measured, theory = _neural_variance(arm.policy, captured, settings.draws, seed + index)
                     neural.append(measured)
                     predicted.append(theory)

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, check_float, use_triton
+from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.stats import add_zero_count, check_counter
 from gradcomp.rng import random_bits, resolve_seed, uniform24
 
@@ -46,13 +47,11 @@ def nm_prune(
             raise ValueError(f"{name} must be an int, got {value!r}")
     if not 1 <= n < m <= MAX_M:
         raise ValueError(f"need 1 <= n < m <= {MAX_M}, got n={n}, m={m}")
-    if x.dim() == 0 or not -x.dim() <= axis < x.dim():
-        raise ValueError(f"axis {axis} is not an axis of a tensor of shape {tuple(x.shape)}")
     check_counter(count_zeros_into, x)
     seed = resolve_seed(seed)
     if x.numel() == 0:
         return x.clone()
-    blocks, restore = _blocks(x.detach(), m, axis)
+    blocks, restore = as_blocks(x, m, axis)
     if use_triton(x, backend):
         from gradcomp.kernels.nm import nm_prune_triton
 
@@ -60,23 +59,6 @@ def nm_prune(
     else:
         out = nm_prune_blocks(blocks, n, seed)
     return add_zero_count(restore(out), count_zeros_into)
-
-
-def _blocks(x: Tensor, m: int, axis: int):
-    """x as contiguous rows of m elements (axis last, zero-padded to a multiple of m), and the function
-    that turns such rows back into x's shape."""
-    moved = x.movedim(axis, -1)
-    length = moved.shape[-1]
-    padding = -length % m
-    if padding:
-        moved = torch.nn.functional.pad(moved, (0, padding))
-    blocks = moved.contiguous().view(-1, m)
-
-    def restore(out: Tensor) -> Tensor:
-        out = out.view(*moved.shape)[..., :length]
-        return out.movedim(-1, axis).contiguous() if axis not in (-1, x.dim() - 1) or padding else out
-
-    return blocks, restore
 
 
 def keep_probabilities(magnitude: Tensor, n: int) -> Tensor:

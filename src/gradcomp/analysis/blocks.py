@@ -1,0 +1,300 @@
+"""C1, C2: block-scaled gradient formats (OCP MX, NVFP4), in training and against the lognormal theory.
+
+C1: each arm's final accuracy against the uncompressed run of its model and scale (paired by seed). C2: on
+the trained baselines of each model family, every compressed layer's neural gradient in each block format
+(blocks along the output features, nearest rounding), with and without the Hadamard transform, and with one
+scale per layer (the same element format at the scale of least predicted MSE, the lognormal paper's
+scaling): the measured shares flushed to zero and clipped and the relative MSE, next to
+`gradcomp.block_theory`'s prediction from each layer's lognormal fit.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+import math
+from collections import defaultdict
+
+import torch
+
+from gradcomp.analysis.accuracy import (
+    WithinModels,
+    gap_columns,
+    model_finding,
+    per_seed_table,
+    run_row,
+    scale_note,
+)
+from gradcomp.analysis.gradients import captured_gradients
+from gradcomp.analysis.runs import RunGroup, training_context
+from gradcomp.analysis.seeds import LINEAR, PerSeed
+from gradcomp.analysis.statquant import eval_batches, trained_models
+from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import Pair, compare, one_sample, summarise
+from gradcomp.block_format import BlockFormat
+from gradcomp.block_theory import block_statistics, per_tensor_statistics
+from gradcomp.compress import layer_log2_scale
+from gradcomp.config import CompressionConfig
+from gradcomp.experiments import BlockTheory, CompareWithinModels
+from gradcomp.lognormal import fit_lognormal_float
+from gradcomp.ops import log_moments, quantize_fp
+from gradcomp.ops.block import block_errors
+from gradcomp.policies import Block, FloatingPoint, parse_policy
+
+_LN2 = math.log(2.0)
+PER_LAYER = "per layer"
+QUANTITIES = ("flushed", "clipped", "mse")
+
+
+# --- C1 -----------------------------------------------------------------------------------------------------
+def _c1_row(group: RunGroup) -> dict:
+    policy = group.policy
+    if isinstance(policy, Block):
+        fmt = policy.format
+        return {**run_row(group), "format": fmt.label, "bits": fmt.bits_per_element,
+                "rounding": policy.rounding, "hadamard": policy.hadamard}  # fmt: skip
+    if isinstance(policy, FloatingPoint):
+        return {**run_row(group), "format": policy.format_label, "bits": float(policy.fmt.bits),
+                "rounding": policy.rounding, "hadamard": 0}  # fmt: skip
+    return {**run_row(group), "format": group.label, "bits": 32.0, "rounding": None, "hadamard": 0}
+
+
+def _c1_caption(models: WithinModels, margin: float, groups: dict[str, RunGroup]) -> str:
+    formats = "; ".join(dict.fromkeys(models.label(arm) for arm in models.arms))
+    return f"""Final test accuracy (mean over seeds with 95 % CI, dots: every seed) of each arm against the
+        uncompressed run of its model and scale (dashed line and band): the output gradient of every
+        compressed layer in a block-scaled format, its two copies quantized apart with blocks along the
+        reduction axis of their GEMM (input gradient: the output features; weight gradient: the batch and
+        positions), SR: stochastic rounding, H n: the random Hadamard transform of n elements first; next to
+        per-layer FP formats (one power-of-two scale per layer, the lognormal paper's). Arms: {formats}.
+        {models.caption()}. {training_context(groups)}. Each arm against its baseline, paired by seed,
+        Holm over the comparisons, equivalence within ±{margin:g} pt."""
+
+
+def block_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
+    """C1: accuracy with block-scaled gradient formats, each arm against fp32 of its own model and scale."""
+    models = WithinModels.of(
+        settings.present(settings.baselines, runs),
+        settings.present(settings.runs, runs),
+        "experiments.C1.baseline",
+    )
+    comparisons = compare(models.gap_pairs(settings.margin))
+    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=True)}
+    rows = []
+    for baseline in models.baselines:
+        ordered = sorted(map(_c1_row, models.arms_of(baseline)), key=lambda r: (-r["bits"], r["format"]))
+        rows += [{"model": models.name(baseline), **row} for row in [_c1_row(baseline), *ordered]]
+    gap_columns(rows, gaps)
+    groups = {group.name: group for group in [*models.baselines, *models.arms]}
+    return Result(
+        caption=_c1_caption(models, settings.margin, groups),
+        tables={
+            "main": Table("Accuracy with block-scaled gradient formats", rows, note=scale_note(groups)),
+            "seeds": per_seed_table([*models.baselines, *models.arms]),
+        },
+        comparisons=comparisons,
+        findings=[model_finding(models, baseline, gaps) for baseline in models.baselines],
+    )
+
+
+# --- C2 -----------------------------------------------------------------------------------------------------
+@functools.lru_cache(maxsize=8192)
+def _predicted(fmt: BlockFormat, mu2: float, sigma2: float, hadamard: bool, numel: int):
+    """The theory for a layer (mu2, sigma2 and numel as they are passed: rounded by the caller, so that
+    layers share results)."""
+    return block_statistics(fmt, sigma2, "nearest", hadamard, numel, nodes=1024, mu2=mu2)
+
+
+def _rounded(mu2: float, sigma2: float) -> tuple[float, float]:
+    """mu2 modulo 1 (power-of-two scales make the theory periodic in it) and sigma2, to 0.05."""
+    return round(mu2 % 1.0 * 20) / 20, round(sigma2 * 20) / 20
+
+
+def _layer(g: torch.Tensor) -> tuple[float, float, int] | None:
+    """(mu2, sigma2, non-zeros) of a layer's gradient; None without two finite non-zeros."""
+    moments = log_moments(g.double(), backend="torch").tolist()
+    if moments[0] < 2:
+        return None
+    mu, sigma = fit_lognormal_float(moments)
+    return mu / _LN2, sigma / _LN2, int(moments[0])
+
+
+def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
+    """(measured (flushed, clipped, mse), predicted ErrorShares) of the element format with one scale for
+    the layer, the one of least predicted MSE for its lognormal fit."""
+    element = fmt.element_format
+    policy = FloatingPoint(format=element.name, scaling="per_layer_optimal")
+    log2_scale = float(layer_log2_scale(policy, torch.tensor(mu2), torch.tensor(sigma2)))
+    out = quantize_fp(g, element, scale=2.0**log2_scale, backend="torch")
+    nonzero = g != 0
+    flushed = float((nonzero & (out == 0)).sum() / nonzero.sum().clamp_min(1))
+    clipped = float((g.abs() * 2.0**log2_scale > element.max_value).double().mean())
+    mse = float((out.double() - g.double()).square().sum() / g.double().square().sum())
+    return (flushed, clipped, mse), per_tensor_statistics(element, sigma2, log2_scale + mu2)
+
+
+def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block]) -> PerSeed:
+    """Per seed of the family's trained model, every arm (format, transform) and the per-layer scale of each
+    element format: measured and predicted shares and relative MSE over the compressed layers (shares
+    weighted by elements, MSE by energy: sums over layers)."""
+    per_seed = PerSeed(("arm",))
+    for seed, run, model in trained_models(group):
+        # the family's own placement (e.g. DeiT's linear layers) with a block policy's default types
+        config = dataclasses.replace(
+            CompressionConfig(**run.config["compression"]), policy=next(iter(arms.values()))
+        )
+        totals: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+        for images, labels in eval_batches(run, settings.batches):
+            for _, g, _, axis in captured_gradients(model, config, images, labels):
+                fit = _layer(g)
+                if fit is None:
+                    continue
+                mu2, sigma2, nonzero = fit
+                energy = float(g.double().square().sum())
+                for name, policy in arms.items():
+                    fmt, hadamard = policy.format, policy.hadamard
+                    measured = block_errors(g, fmt, "nearest", hadamard, axis=axis if g.dim() > 1 else -1)
+                    predicted = _predicted(fmt, *_rounded(mu2, sigma2), bool(hadamard), g.numel())
+                    _accumulate(totals[name], measured, predicted, nonzero, g.numel(), energy)
+                for element in dict.fromkeys(policy.format.element for policy in arms.values()):
+                    fmt = next(p.format for p in arms.values() if p.format.element == element)
+                    measured, predicted = _per_layer(g, fmt, mu2, sigma2)
+                    key = f"{fmt.element_format.name} {PER_LAYER}"
+                    _accumulate(totals[key], measured, predicted, nonzero, g.numel(), energy)
+        for name, total in totals.items():
+            values = {
+                "flushed": total["flushed"] / total["nonzero"],
+                "clipped": total["clipped"] / total["elements"],
+                "mse": total["error"] / total["energy"],
+                "predicted_flushed": total["predicted_flushed"] / total["nonzero"],
+                "predicted_clipped": total["predicted_clipped"] / total["elements"],
+                "predicted_mse": total["predicted_error"] / total["energy"],
+            }
+            usable = values["mse"] > 0 and values["predicted_mse"] > 0
+            values["ln_ratio"] = math.log(values["mse"] / values["predicted_mse"]) if usable else None
+            per_seed.add(seed, {"arm": name}, **values)
+    return per_seed
+
+
+def _accumulate(total, measured, predicted, nonzero: int, elements: int, energy: float):
+    """Add a layer's measured and predicted counts; both MSEs are relative to their own energy (block
+    scaling is scale-free: the error of a block follows its largest value), weighted by the layer's."""
+    flushed, clipped, mse = measured
+    total["nonzero"] += nonzero
+    total["elements"] += elements
+    total["energy"] += energy
+    total["flushed"] += flushed * nonzero
+    total["clipped"] += clipped * elements
+    total["error"] += mse * energy
+    total["predicted_flushed"] += predicted.flushed * nonzero
+    total["predicted_clipped"] += predicted.clipped * nonzero
+    total["predicted_error"] += predicted.relative_mse * energy
+
+
+def _arms(settings: BlockTheory) -> dict[str, Block]:
+    """Every format, without and with the transform, by label."""
+    arms: dict[str, Block] = {}
+    for spec in settings.formats:
+        policy = parse_policy(spec)
+        for hadamard in dict.fromkeys((0, settings.hadamard)):
+            arm = Block(policy.element, policy.block, policy.scale, policy.rule, "nearest", hadamard)
+            arms[arm.label] = arm
+    return arms
+
+
+def _c2_pairs(settings: BlockTheory, family: str, errors: PerSeed, arms: dict[str, Block]) -> list[Pair]:
+    """Theory against measurement (ln ratio of the MSEs, every arm and per-layer scale), and each block
+    format against per-layer scaling of its element format (ln of the MSE ratio, paired by seed)."""
+    pairs = []
+    for row in errors.rows():
+        pairs.append(
+            one_sample(
+                f"{family} {row['arm']} measured/predicted MSE",
+                errors.values({"arm": row["arm"]}, "ln_ratio"),
+                0.0,
+                "theory",
+                margin=settings.theory_margin,
+                higher_is_better=None,
+                unit="ln",
+                bounds=LINEAR,
+            )
+        )
+    for label, policy in arms.items():
+        reference = {"arm": f"{policy.format.element_format.name} {PER_LAYER}"}
+        mse = errors.values({"arm": label}, "mse")
+        per_layer = errors.values(reference, "mse")
+        seeds = sorted(set(mse) & set(per_layer))
+        if seeds:
+            pairs.append(
+                one_sample(
+                    f"{family} {label} MSE",
+                    {s: math.log(mse[s]) for s in seeds},
+                    {s: math.log(per_layer[s]) for s in seeds},
+                    "one scale per layer (ln MSE)",
+                    higher_is_better=False,
+                    unit="ln",
+                    bounds=LINEAR,
+                )
+            )
+    return pairs
+
+
+def _c2_caption(settings: BlockTheory, groups: list[RunGroup], arms: dict[str, Block]) -> str:
+    seeds = "every seed" if settings.seeds is None else f"seeds {', '.join(map(str, settings.seeds))}"
+    return f"""(a) Relative MSE (error energy over gradient energy, summed over the compressed layers) of
+        the neural gradients of each family's trained model in each block format, measured (x) against the
+        lognormal theory's prediction (y) from each layer's fit (log2 mean mu2 and std sigma2; each layer's
+        relative MSE weighted by its energy, as measured; blocks are modelled as iid draws): filled markers
+        without the transform, open ones after the random Hadamard transform of {settings.hadamard} elements
+        (modelled as Gaussian), squares: one scale per layer (the element format at the scale of least
+        predicted MSE). (b) The share of non-zero values flushed to zero, measured against predicted. (c) ln
+        of each block format's measured MSE over that of one scale per layer with its element format (below
+        0: blocks win), with the theory's prediction (x). Formats: {", ".join(arms)}; nearest rounding,
+        blocks along the output features. Models: {", ".join(f"{g.name} ({g.model})" for g in groups)},
+        {settings.batches} test batch(es) in eval mode, {seeds}. Comparisons: measured against predicted (ln
+        ratio, equivalence within ±{settings.theory_margin:g}) and blocks against one scale per layer, each
+        over seeds, Holm over all."""
+
+
+def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
+    """C2: the block theory against each family's real gradients, next to per-layer scaling."""
+    groups = settings.present([settings.run, *settings.models], runs)
+    arms = _arms(settings)
+    rows, pairs, predicted_wins = [], [], {}
+    for group in groups:
+        errors = _family_errors(settings, group, arms)
+        pairs += _c2_pairs(settings, group.name, errors, arms)
+        for row in errors.rows():
+            rows.append({"model": group.name, **row})
+        for label, policy in arms.items():
+            block = errors.values({"arm": label}, "predicted_mse")
+            layer = errors.values(
+                {"arm": f"{policy.format.element_format.name} {PER_LAYER}"}, "predicted_mse"
+            )
+            ratios = [math.log(block[s] / layer[s]) for s in block if layer.get(s, 0) > 0 and block[s] > 0]
+            if ratios:
+                predicted_wins[f"{group.name} {label} MSE"] = sum(ratios) / len(ratios)
+    comparisons = compare(pairs)
+    theory = [c for c in comparisons if c.a.endswith("measured/predicted MSE")]
+    versus = [c for c in comparisons if not c.a.endswith("measured/predicted MSE")]
+    agree = sum(1 for c in versus if (predicted_wins.get(c.a, math.nan) < 0) == (c.difference < 0))
+    findings = [
+        f"Theory against measurement (MSE): {summarise(theory)}.",
+        f"Block formats against one scale per layer: {summarise(versus)}.",
+        f"The theory predicts the sign of the block/per-layer MSE difference in {agree} of {len(versus)} "
+        "cases.",
+    ]
+    versus_rows = [
+        {"comparison": c.a, "measured_ln_ratio": c.difference, "low": c.ci_low, "high": c.ci_high,
+         "predicted_ln_ratio": predicted_wins.get(c.a), "verdict": c.verdict}
+        for c in versus
+    ]  # fmt: skip
+    return Result(
+        caption=_c2_caption(settings, groups, arms),
+        tables={
+            "main": Table("Measured and predicted shares and relative MSE, per family and format", rows),
+            "versus": Table("Block formats against one scale per layer (ln MSE ratio)", versus_rows),
+        },
+        comparisons=comparisons,
+        findings=findings,
+    )

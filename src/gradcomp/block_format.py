@@ -1,0 +1,119 @@
+"""Block-scaled formats (OCP MX, NVFP4): what the op, the policy and the theory agree on, without torch.
+
+A `BlockFormat` is an element format (a signed `FPFormat` with zero, saturating: a block's values beyond its
+range become +-max_value, as the MX conversions do), a block size (consecutive elements sharing a scale) and
+a scale format:
+
+* ``"e8m0fnu"`` (OCP MX): a power of two 2^k, k in [-127, 127]. ``rule="floor"``: k = floor(log2 amax) -
+  emax(element), the OCP MX 1.0 definition, where a block's largest values may saturate (amax / 2^k reaches
+  up to 2^(emax + 1) > max_value); ``rule="ceil"``: the least k with amax / 2^k <= max_value, so nothing
+  saturates (the rounding up of amax / max_value that NVIDIA's MXFP8 recipe and torchao's RCEIL mode do,
+  here without rounding that quotient first). An all-zero block gets k = -127.
+* ``"e4m3fn"`` (NVFP4): a float32 per-tensor scale s = amax(tensor) / (448 * max_value) maps the largest
+  block scale to E4M3's top; each block's scale is amax(block) / max_value / s, clamped to [2^-6, 448] and
+  rounded to E4M3 (nearest, ties to even); elements are divided by s times it. torchao's NVFP4 reference.
+
+Bits per element: the element's plus the scale's 8 bits shared by the block (NVFP4's one float32 per tensor
+is neglected).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+import struct
+from dataclasses import dataclass, field
+
+from gradcomp.formats import FPFormat, parse_format
+
+BLOCK_SCALES = ("e8m0fnu", "e4m3fn")
+SCALE_RULES = ("floor", "ceil")
+SCALE_BITS = 8  # both scale formats
+MAX_BLOCK = 256  # block sizes and transform sizes: powers of two up to this
+NVFP4_SCALE_MAX = 448.0  # E4M3's largest value: the per-tensor scale puts the largest block scale there
+NVFP4_SCALE_MIN = 2.0**-6  # block scales are clamped here from below (E4M3's smallest normal, as torchao)
+# the per-tensor scale is at least this, so that times the smallest block scale it is a normal float32
+NVFP4_TENSOR_SCALE_FLOOR = 2.0**-120
+
+
+def _power_of_two(value: object, low: int) -> bool:
+    return (
+        isinstance(value, int)
+        and not isinstance(value, bool)
+        and low <= value <= MAX_BLOCK
+        and value & (value - 1) == 0
+    )
+
+
+@dataclass(frozen=True)
+class BlockFormat:
+    element: FPFormat | str
+    block_size: int = 32
+    scale: str = "e8m0fnu"
+    rule: str = "floor"
+    _element: FPFormat = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        fmt = parse_format(self.element)
+        if not (fmt.signed and fmt.zero):
+            raise ValueError(f"block elements need a sign and a zero; {fmt.name} lacks one")
+        object.__setattr__(self, "element", fmt.name)
+        object.__setattr__(self, "_element", dataclasses.replace(fmt, overflow="saturate"))
+        if not _power_of_two(self.block_size, 2):
+            raise ValueError(
+                f"block_size must be a power of two in [2, {MAX_BLOCK}], got {self.block_size!r}"
+            )
+        if self.scale not in BLOCK_SCALES:
+            raise ValueError(f"scale must be one of {BLOCK_SCALES}, got {self.scale!r}")
+        if self.rule not in SCALE_RULES:
+            raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.rule!r}")
+        if self.scale == "e4m3fn" and self.rule != "floor":
+            raise ValueError("scale_rule chooses a power-of-two (e8m0fnu) scale; e4m3fn scales are rounded")
+
+    @property
+    def element_format(self) -> FPFormat:
+        """The element format, saturating."""
+        return self._element
+
+    @property
+    def per_tensor(self) -> bool:
+        """Whether a float32 per-tensor scale sits above the block scales (NVFP4)."""
+        return self.scale == "e4m3fn"
+
+    @property
+    def bits_per_element(self) -> float:
+        return self._element.bits + SCALE_BITS / self.block_size
+
+    @property
+    def label(self) -> str:
+        """The preset's name where the format is one (``MXFP4``, ``NVFP4``), else e.g. ``E3M2/64 E8M0``."""
+        for name, preset in PRESETS.items():
+            if preset == dataclasses.replace(self, rule="floor"):
+                return name.upper() + (" ceil" if self.rule == "ceil" else "")
+        fmt = self._element
+        scale = "E8M0" + (" ceil" if self.rule == "ceil" else "") if self.scale == "e8m0fnu" else "E4M3"
+        return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}"
+
+
+def check_transform_size(size: object, block_size: int | None = None) -> int:
+    """A Hadamard transform size: a power of two in [2, MAX_BLOCK] (that divides block_size where given)."""
+    if not _power_of_two(size, 2):
+        raise ValueError(f"the Hadamard block size must be a power of two in [2, {MAX_BLOCK}], got {size!r}")
+    if block_size is not None and block_size % size:  # type: ignore[operator]
+        raise ValueError(f"the Hadamard block size {size} must divide the quantization block {block_size}")
+    return size  # type: ignore[return-value]
+
+
+def transform_norm(size: int) -> float:
+    """1/sqrt(size) rounded to float32 (exact for even powers of two): the Hadamard transform's factor."""
+    return struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(size)))[0]
+
+
+# The formats of today's low-precision training recipes. MXFP6 takes E3M2, the wider of OCP's two FP6
+# elements: gradients need range more than precision (the lognormal paper's finding for FP formats).
+PRESETS: dict[str, BlockFormat] = {
+    "mxfp8": BlockFormat("e4m3fn"),
+    "mxfp6": BlockFormat("e3m2fn"),
+    "mxfp4": BlockFormat("e2m1fn"),
+    "nvfp4": BlockFormat("e2m1fn", 16, "e4m3fn"),
+}

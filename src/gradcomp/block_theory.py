@@ -1,0 +1,213 @@
+"""Block-scaled formats on a near-lognormal gradient: the expected shares flushed to zero and clipped, and the
+relative MSE, per scale rule, with and without the Hadamard transform (`gradcomp.ops.quantize_block`).
+
+Model (log2 units, as `gradcomp.fp_theory`): |g| iid with log2|g| ~ N(mu2, sigma2^2), random signs; a block
+holds B of them. Its scale X is a function of its largest magnitude M: MX floor 2^(floor(log2 M) - emax),
+MX ceil the least 2^k with M / 2^k <= max_value, NVFP4 s * E4M3(M / max_value / s) with s from the tensor's
+largest magnitude (the median of the largest of `numel` draws). Given M, the other B - 1 magnitudes are iid
+and below M, so every statistic is an integral over M (density B f F^(B-1)) of (B - 1) times an expectation
+over the truncated distribution plus M's own term. For a given X those expectations are exact sums of
+partial moments over the rounding cells of the element grid times X (nearest: cells between midpoints, the
+one below the first midpoint flushing to zero; stochastic: the variance (x - lo)(hi - x) between neighbouring
+points, zero with probability 1 - x / (X q_1) below the smallest point q_1); beyond X * max_value the value
+is clipped to it. The integral over M is a midpoint rule on M's quantile (`nodes` points), which bounds the
+error from the scale's jumps to O(1 / nodes).
+
+Hadamard: the transform mixes a group's values into normalised sums of random-sign terms, which the theory
+takes as Gaussian with the lognormal's second moment (the central limit; for heavy tails, large sigma2, the
+sum of 16 or 32 terms is still dominated by its largest, and the Gaussian model is optimistic). Its
+prediction: the block's values are no longer spread over many binades, so (nearly) nothing is flushed, and
+the error is that of a Gaussian block in the format, independent of sigma2. The MSE is the same in either
+basis (the transform is orthogonal); the shares are those of the transformed values, what the format sees.
+
+`per_tensor_statistics` gives the same three numbers for one power-of-two scale per tensor (the lognormal
+paper's per-layer scaling), for comparison.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from scipy import special
+
+from gradcomp.block_format import NVFP4_SCALE_MAX, NVFP4_SCALE_MIN, NVFP4_TENSOR_SCALE_FLOOR, BlockFormat
+from gradcomp.formats import E4M3FN, FPFormat
+
+_LN2 = math.log(2.0)
+
+
+@dataclass(frozen=True)
+class ErrorShares:
+    """Expected share of non-zero elements flushed to zero, share clipped, and E[(q - g)^2] / E[g^2]."""
+
+    flushed: float
+    clipped: float
+    relative_mse: float
+
+
+class _Lognormal:
+    """|g| with ln|g| ~ N(m, s^2)."""
+
+    def __init__(self, mu2: float, sigma2: float) -> None:
+        self.m, self.s = mu2 * _LN2, sigma2 * _LN2
+
+    def cdf(self, x: np.ndarray) -> np.ndarray:
+        with np.errstate(divide="ignore"):
+            return special.ndtr((np.log(x) - self.m) / self.s)
+
+    def quantile(self, p: np.ndarray) -> np.ndarray:
+        return np.exp(self.m + self.s * special.ndtri(p))
+
+    def second_moment(self) -> float:
+        return math.exp(2 * self.m + 2 * self.s**2)
+
+    def partial(self, k: int, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        """E[x^k; low <= x < high]."""
+        with np.errstate(divide="ignore"):
+            z_low = (np.log(low) - self.m) / self.s
+            z_high = (np.log(high) - self.m) / self.s
+        mass = special.ndtr(z_high - k * self.s) - special.ndtr(z_low - k * self.s)
+        return np.exp(k * self.m + k * k * self.s**2 / 2) * np.maximum(mass, 0.0)
+
+
+class _HalfNormal:
+    """|g| with g ~ N(0, tau^2): the model of Hadamard-transformed values."""
+
+    def __init__(self, second_moment: float) -> None:
+        self.tau = math.sqrt(second_moment)
+
+    def cdf(self, x: np.ndarray) -> np.ndarray:
+        return special.erf(x / (self.tau * math.sqrt(2)))
+
+    def quantile(self, p: np.ndarray) -> np.ndarray:
+        return self.tau * math.sqrt(2) * special.erfinv(p)
+
+    def second_moment(self) -> float:
+        return self.tau**2
+
+    def partial(self, k: int, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        a, b = low / self.tau, high / self.tau
+        finite_b = np.where(np.isinf(b), 0.0, b)
+        density_a = np.exp(-a * a / 2) / math.sqrt(2 * math.pi)
+        density_b = np.where(np.isinf(b), 0.0, np.exp(-finite_b * finite_b / 2) / math.sqrt(2 * math.pi))
+        mass = special.ndtr(b) - special.ndtr(a)
+        if k == 0:
+            return 2 * mass
+        if k == 1:
+            return 2 * self.tau * (density_a - density_b)
+        return 2 * self.tau**2 * np.maximum(mass - (finite_b * density_b - a * density_a), 0.0)
+
+
+def _cells(distribution, scale: np.ndarray, points: np.ndarray, upper: np.ndarray, stochastic: bool):
+    """(flushed mass, clipped mass, E[err^2]) of magnitudes below `upper` quantized at `scale` to the grid
+    `points` (0 first, max_value last); arrays over the leading axis of scale and upper (one per node)."""
+    scale, upper = scale[:, None], upper[:, None]
+
+    def partial(k: int, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+        high = np.minimum(high, upper)
+        return np.where(high > low, distribution.partial(k, low, np.maximum(high, low)), 0.0)
+
+    top = points[-1] * scale
+    clipped = [partial(j, top, np.full_like(top, np.inf)) for j in range(3)]
+    clip_error = clipped[2] - 2 * top * clipped[1] + top * top * clipped[0]
+    if stochastic:
+        low, high = points[None, :-1] * scale, points[None, 1:] * scale
+        moments = [partial(j, low, high) for j in range(3)]
+        error = -moments[2] + (low + high) * moments[1] - low * high * moments[0]
+        first = points[1] * scale[:, 0]
+        below = [partial(j, np.zeros_like(top), first[:, None]) for j in range(2)]
+        flushed = below[0][:, 0] - below[1][:, 0] / first
+    else:
+        edges = np.concatenate([[0.0], (points[:-1] + points[1:]) / 2, [np.inf]])
+        low, high = edges[None, :-1] * scale, edges[None, 1:] * scale
+        high = np.where(np.isinf(edges[None, 1:]), top, high)  # the last cell ends where clipping starts
+        value = points[None, :] * scale
+        moments = [partial(j, low, high) for j in range(3)]
+        error = moments[2] - 2 * value * moments[1] + value * value * moments[0]
+        flushed = moments[0][:, 0]
+    # the sums cancel for very wide lognormals (sigma2 beyond about 10): never below zero
+    return flushed, clipped[0][:, 0], np.maximum(error.sum(1) + clip_error[:, 0], 0.0)
+
+
+def _round_to(y: np.ndarray, points: np.ndarray, stochastic: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(P(result is zero), E[(Q(y) - y)^2]) of single magnitudes y on the grid (clipped above max)."""
+    clipped = np.minimum(y, points[-1])
+    above = np.clip(np.searchsorted(points, clipped, side="right"), 1, len(points) - 1)
+    low, high = points[above - 1], points[above]
+    if stochastic:
+        error = (clipped - low) * (high - clipped) + (y - clipped) ** 2
+        zero = np.where(low == 0, 1 - clipped / high, 0.0)
+        return zero, error
+    nearest = np.where(clipped - low < high - clipped, low, high)  # ties have measure zero
+    return (nearest == 0).astype(float), (nearest - y) ** 2
+
+
+def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -> np.ndarray:
+    """X as a function of the block's largest magnitude M (>0), as `gradcomp.ops.block` computes it."""
+    element = fmt.element_format
+    if fmt.per_tensor:
+        tensor_scale = max(tensor_largest / (NVFP4_SCALE_MAX * element.max_value), NVFP4_TENSOR_SCALE_FLOOR)
+        ratio = np.clip(largest / element.max_value / tensor_scale, NVFP4_SCALE_MIN, NVFP4_SCALE_MAX)
+        grid = E4M3FN.positive_values().numpy()
+        index = np.clip(np.searchsorted(grid, ratio), 1, len(grid) - 1)
+        low, high = grid[index - 1], grid[index]
+        return tensor_scale * np.where(ratio - low < high - ratio, low, high)
+    _, exponent = np.frexp(largest)  # largest = m 2^exponent, m in [0.5, 1)
+    k = exponent - 1 - element.emax
+    if fmt.rule == "ceil":
+        k = k + (largest > element.max_value * np.exp2(k))
+    return np.exp2(np.clip(k, -127, 127).astype(float))
+
+
+def block_statistics(
+    fmt: BlockFormat,
+    sigma2: float,
+    rounding: str = "nearest",
+    hadamard: bool = False,
+    numel: int = 1 << 20,
+    nodes: int = 4096,
+    mu2: float = 0.0,
+) -> ErrorShares:
+    """The expected flushed and clipped shares and relative MSE of `fmt` on iid lognormal magnitudes with
+    log2 mean mu2 and std sigma2 (see the module); numel: the tensor's size (NVFP4's per-tensor scale).
+    Power-of-two scales make the result periodic in mu2 with period 1 (up to the scale formats' range): the
+    fractional part matters where the block maxima span less than a binade (small sigma2, and the Gaussian
+    model of the transform, whose second moment is the lognormal's)."""
+    lognormal = _Lognormal(mu2, sigma2)
+    distribution = _HalfNormal(lognormal.second_moment()) if hadamard else lognormal
+    size = fmt.block_size
+    tensor_largest = float(distribution.quantile(np.array([0.5 ** (1.0 / numel)]))[0])
+    u = (np.arange(nodes) + 0.5) / nodes
+    largest = distribution.quantile(u ** (1.0 / size))
+    scale = _block_scale(fmt, largest, tensor_largest)
+    points = np.concatenate([[0.0], fmt.element_format.positive_values().numpy()])
+    stochastic = rounding == "stochastic"
+    flushed, clipped, error = _cells(distribution, scale, points, largest, stochastic)
+    below = distribution.cdf(largest)  # the mass the other B - 1 are drawn from
+    own_zero, own_error = _round_to(largest / scale, points, stochastic)
+    own_error = own_error * scale * scale
+    own_clipped = (largest > points[-1] * scale).astype(float)
+    others = (size - 1) / below
+    mean = lambda values: float(np.mean(values)) / size  # noqa: E731
+    return ErrorShares(
+        flushed=mean(others * flushed + own_zero),
+        clipped=mean(others * clipped + own_clipped),
+        relative_mse=mean(others * error + own_error) / distribution.second_moment(),
+    )
+
+
+def per_tensor_statistics(
+    element: FPFormat, sigma2: float, log2_scale: float, rounding: str = "nearest"
+) -> ErrorShares:
+    """The same for one scale for the whole tensor (g * 2^log2_scale is rounded, log2|g| ~ N(0, sigma2^2):
+    a log2 mean mu2 adds to log2_scale) on the element format's grid, saturating: the lognormal paper's
+    per-layer scaling."""
+    distribution = _Lognormal(0.0, sigma2)
+    points = np.concatenate([[0.0], element.positive_values().numpy()])
+    scale = np.array([2.0**-log2_scale])
+    flushed, clipped, error = _cells(
+        distribution, scale, points, np.array([np.inf]), rounding == "stochastic"
+    )
+    return ErrorShares(float(flushed[0]), float(clipped[0]), float(error[0]) / distribution.second_moment())

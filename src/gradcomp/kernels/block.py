@@ -1,0 +1,240 @@
+"""Triton kernel of `gradcomp.ops.quantize_block`: the torch implementation's operations in its order, on
+tiles of whole blocks (rows of block_size elements), so that the result is the same bit for bit. MX is one
+launch. NVFP4 needs the tensor's largest magnitude (after the transform) before any block: the same kernel
+first writes one maximum per program, one program turns them into the per-tensor scale, and the kernel
+runs again to quantize."""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from gradcomp._backend import compute_layout
+from gradcomp.block_format import (
+    NVFP4_SCALE_MAX,
+    NVFP4_SCALE_MIN,
+    NVFP4_TENSOR_SCALE_FLOOR,
+    BlockFormat,
+    transform_norm,
+)
+from gradcomp.formats import E4M3FN
+from gradcomp.kernels.floats import to_storage
+from gradcomp.kernels.fp_quant import _round_magnitude, _rounding_constants
+from gradcomp.kernels.hadamard import butterfly, transform_signs
+from gradcomp.kernels.rng import random_uint32
+from gradcomp.profiling import launch
+from gradcomp.rng import SIGN_COUNTER, as_int32, seed_keys
+from gradcomp.rounding import RoundingPlan, float_bits
+
+TILE = 2048  # elements per program
+PARTIALS_BLOCK = 1024
+FLOAT32 = compute_layout(torch.float32)
+SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # NVFP4's block scales
+
+
+@triton.jit
+def _transformed(values, finite, k0, k1, ROWS: tl.constexpr, SIZE: tl.constexpr, H: tl.constexpr,
+                 H_STAGES: tl.constexpr, H_NORM: tl.constexpr, SIGN_COUNTER: tl.constexpr):  # fmt: skip
+    """(the values the scales are taken of, where the output is computed, the signs): the transform of each
+    group of H with only finite values, or the finite values themselves."""
+    if H > 0:
+        groups = tl.reshape(finite.to(tl.int32), [ROWS * SIZE // H, H])
+        whole = tl.reshape(tl.broadcast_to(tl.min(groups, 1)[:, None], [ROWS * SIZE // H, H]), [ROWS, SIZE])
+        finite = whole != 0
+        signs = transform_signs(tl.arange(0, H), k0, k1, True, SIGN_COUNTER)[None, :]
+        zeroed = tl.reshape(tl.where(finite, values, 0.0), [ROWS * SIZE // H, H])
+        transformed = tl.reshape(
+            butterfly(zeroed * signs, ROWS * SIZE // H, H, H_STAGES, H_NORM), [ROWS, SIZE]
+        )
+    else:
+        signs = 1.0
+        transformed = tl.where(finite, values, 0.0)
+    return transformed, finite, signs
+
+
+@triton.jit
+def _block_kernel(
+    x_ptr,
+    out_ptr,
+    partial_ptr,
+    tensor_scale_ptr,
+    rows_total,
+    row_blocks,
+    length,
+    k0,
+    k1,
+    zeros_ptr,
+    SIZE: tl.constexpr,
+    ROWS: tl.constexpr,
+    H: tl.constexpr,
+    H_STAGES: tl.constexpr,
+    H_NORM: tl.constexpr,
+    SIGN_COUNTER: tl.constexpr,
+    MAXIMA_ONLY: tl.constexpr,
+    PER_TENSOR: tl.constexpr,
+    EMAX: tl.constexpr,
+    CEIL: tl.constexpr,
+    MAX_MANTISSA: tl.constexpr,
+    MAX_VALUE: tl.constexpr,
+    DISCARD: tl.constexpr,
+    TIE_OFFSET: tl.constexpr,
+    MIN_NORMAL_BITS: tl.constexpr,
+    MAGIC: tl.constexpr,
+    TO_Q0: tl.constexpr,
+    TO_Q1: tl.constexpr,
+    FROM_Q0: tl.constexpr,
+    FROM_Q1: tl.constexpr,
+    S_DISCARD: tl.constexpr,
+    S_TIE_OFFSET: tl.constexpr,
+    S_MIN_NORMAL_BITS: tl.constexpr,
+    S_MAGIC: tl.constexpr,
+    S_TO_Q0: tl.constexpr,
+    S_TO_Q1: tl.constexpr,
+    S_FROM_Q0: tl.constexpr,
+    S_FROM_Q1: tl.constexpr,
+    SCALE_MIN: tl.constexpr,
+    SCALE_MAX: tl.constexpr,
+    NEGATIVE_ZERO: tl.constexpr,
+    OUT_MAX: tl.constexpr,
+    COUNT_ZEROS: tl.constexpr,
+    STOCHASTIC: tl.constexpr,
+):
+    rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
+    columns = tl.arange(0, SIZE)
+    inside = (rows[:, None] < rows_total) & (columns[None, :] < SIZE)
+    offsets = rows[:, None] * SIZE + columns[None, :]
+    raw = tl.load(x_ptr + offsets, mask=inside, other=0.0)
+    values = raw.to(tl.float32)
+    transformed, finite, signs = _transformed(
+        values, tl.abs(values) < float("inf"), k0, k1, ROWS, SIZE, H, H_STAGES, H_NORM, SIGN_COUNTER
+    )
+    magnitude = tl.abs(transformed)
+    amax = tl.max(magnitude, 1)[:, None]
+    if MAXIMA_ONLY:
+        tl.store(partial_ptr + tl.program_id(0), tl.max(amax))
+    else:
+        if PER_TENSOR:
+            tensor_scale = tl.load(tensor_scale_ptr)
+            block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale)
+            block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
+            block_scale = _round_magnitude(
+                block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
+                S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
+            )  # fmt: skip
+            total = tensor_scale * block_scale
+            scaled = tl.math.div_rn(magnitude, total)
+        else:
+            normal = amax >= 1.1754943508222875e-38
+            bits = tl.where(normal, amax, amax * 16777216.0).to(tl.int32, bitcast=True)
+            exponent = (bits >> 23) - tl.where(normal, 127, 151) - EMAX
+            if CEIL:
+                exponent += ((bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
+            exponent = tl.minimum(tl.maximum(tl.where(amax > 0.0, exponent, -127), -127), 127)
+            scaled = magnitude * _power_of_two(-exponent)
+            total = _power_of_two(exponent)
+        random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
+        rounded = _round_magnitude(
+            tl.minimum(scaled, MAX_VALUE), random, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC,
+            TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, STOCHASTIC,
+        )  # fmt: skip
+        out = rounded * total
+        sign = transformed.to(tl.int32, bitcast=True) & -2147483648
+        if not NEGATIVE_ZERO:
+            sign = tl.where(out == 0.0, 0, sign)
+        out = (out.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+        if H > 0:
+            groups = tl.reshape(out, [ROWS * SIZE // H, H])
+            out = tl.reshape(signs * butterfly(groups, ROWS * SIZE // H, H, H_STAGES, H_NORM), [ROWS, SIZE])
+        out = tl.where(finite, tl.minimum(tl.maximum(out, -OUT_MAX), OUT_MAX), values)
+        stored = to_storage(out, raw.dtype)
+        tl.store(out_ptr + offsets, stored, mask=inside)
+        if COUNT_ZEROS:  # the padding of a trailing block is not the output's
+            kept = inside & ((rows % row_blocks)[:, None] * SIZE + columns[None, :] < length)
+            tl.atomic_add(zeros_ptr, tl.sum(tl.sum(((stored == 0.0) & kept).to(tl.int64), 1), 0))
+
+
+@triton.jit
+def _power_of_two(exponent):
+    """2^k as float32 for int32 k in [-127, 127]."""
+    return tl.where(exponent > -127, (exponent + 127) << 23, 1 << 22).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _tensor_scale_kernel(partial_ptr, programs, out_ptr, DIVISOR: tl.constexpr, FLOOR: tl.constexpr,
+                         BLOCK: tl.constexpr):  # fmt: skip
+    """NVFP4's per-tensor scale: the largest of the programs' maxima over DIVISOR, at least FLOOR."""
+    largest = tl.zeros((BLOCK,), tl.float32)
+    for first in range(0, programs, BLOCK):
+        index = first + tl.arange(0, BLOCK)
+        largest = tl.maximum(largest, tl.load(partial_ptr + index, mask=index < programs, other=0.0))
+    tl.store(out_ptr, tl.maximum(tl.math.div_rn(tl.max(largest, 0), DIVISOR), FLOOR))
+
+
+def quantize_block_triton(
+    blocks: Tensor,
+    fmt: BlockFormat,
+    stochastic: bool,
+    seed: int,
+    hadamard: int,
+    length: int,
+    zeros: Tensor | None = None,
+) -> Tensor:
+    """`quantize_blocks` on contiguous rows of block_size elements of a kernel dtype; `length` is the
+    blocked axis's length (the rows' padding beyond it is not counted in `zeros`)."""
+    rows_total, size = blocks.shape
+    out = torch.empty_like(blocks)
+    element = fmt.element_format
+    plan = RoundingPlan.build(element, FLOAT32)
+    rows = max(1, TILE // size)
+    programs = triton.cdiv(rows_total, rows)
+    k0, k1 = seed_keys(seed)
+    constants = dict(
+        SIZE=size,
+        ROWS=rows,
+        H=hadamard,
+        H_STAGES=max(hadamard.bit_length() - 1, 0),
+        H_NORM=transform_norm(hadamard) if hadamard else 1.0,
+        SIGN_COUNTER=SIGN_COUNTER,
+        PER_TENSOR=fmt.per_tensor,
+        EMAX=element.emax,
+        CEIL=fmt.rule == "ceil",
+        MAX_MANTISSA=float_bits(element.max_value, FLOAT32) & 0x7FFFFF,
+        MAX_VALUE=element.max_value,
+        DISCARD=plan.discard_bits,
+        TIE_OFFSET=plan.tie_offset,
+        **_rounding_constants(plan),
+        S_DISCARD=SCALE_PLAN.discard_bits,
+        S_TIE_OFFSET=SCALE_PLAN.tie_offset,
+        **{f"S_{key}": value for key, value in _rounding_constants(SCALE_PLAN).items()},
+        SCALE_MIN=NVFP4_SCALE_MIN,
+        SCALE_MAX=NVFP4_SCALE_MAX,
+        NEGATIVE_ZERO=plan.negative_zero,
+        OUT_MAX=float(torch.finfo(blocks.dtype).max),
+        COUNT_ZEROS=zeros is not None,
+        STOCHASTIC=stochastic,
+        enable_fp_fusion=False,
+    )
+    args = [blocks, out, blocks, blocks, rows_total, -(-length // size), length, as_int32(k0), as_int32(k1)]
+    if fmt.per_tensor:
+        partials = torch.empty(programs, dtype=torch.float32, device=blocks.device)
+        tensor_scale = torch.empty(1, dtype=torch.float32, device=blocks.device)
+        launch(
+            _block_kernel, (programs,), *args[:2], partials, *args[3:], blocks, MAXIMA_ONLY=True, **constants
+        )
+        launch(
+            _tensor_scale_kernel,
+            (1,),
+            partials,
+            programs,
+            tensor_scale,
+            DIVISOR=NVFP4_SCALE_MAX * element.max_value,
+            FLOOR=NVFP4_TENSOR_SCALE_FLOOR,
+            BLOCK=PARTIALS_BLOCK,
+        )
+        args[3] = tensor_scale
+    launch(
+        _block_kernel, (programs,), *args, blocks if zeros is None else zeros, MAXIMA_ONLY=False, **constants
+    )
+    return out

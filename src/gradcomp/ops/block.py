@@ -1,0 +1,181 @@
+"""quantize_block: block-scaled formats (OCP MX, NVFP4), optionally after a random Hadamard transform.
+
+Blocks of `block_size` consecutive elements along `axis` share one scale (`gradcomp.block_format` defines
+the scales). The elements are rounded to the element format's grid by `quantize_fp`'s rounding (nearest with
+ties to even, or stochastic with the counter-based bits of each element's position in the blocked layout),
+saturating at its largest value, and multiplied back by their scale. Everything is float32:
+
+* MX (e8m0fnu): the scale's exponent comes from amax's bits, exactly (no log2); elements are multiplied by
+  2^-k and the rounded values by 2^k, both exact unless the product is a float32 subnormal;
+* NVFP4 (e4m3fn): the per-tensor scale s = amax / (448 * max_value) (division rounded to float32, at least
+  2^-120 so that s times the smallest block scale stays a normal float32; torchao's gives NaN for a tensor of
+  zeros), the block scale amax(block) / max_value / s (two rounded divisions), clamped and rounded to E4M3,
+  the elements divided by s * (block scale) (rounded product and quotient), the rounded values multiplied by
+  it: torchao's reference operations in its order.
+
+With `hadamard` = n, each group of n elements of a block is transformed (`gradcomp.ops.hadamard`, signs from
+the seed) before the scales are taken, and the quantized values are transformed back: the result is what a
+GEMM whose other operand is transformed the same way computes with. Non-finite values pass through
+unchanged and take no part in any scale; with the transform, the whole group of a non-finite value passes
+through. A trailing block shorter than block_size (the axis length not a multiple of it) is quantized as if
+padded with zeros: its scale is that of the elements it has.
+"""
+
+from __future__ import annotations
+
+from typing import Literal, NamedTuple
+
+import torch
+from torch import Tensor
+
+from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp.block_format import (
+    NVFP4_SCALE_MAX,
+    NVFP4_SCALE_MIN,
+    NVFP4_TENSOR_SCALE_FLOOR,
+    BlockFormat,
+    check_transform_size,
+)
+from gradcomp.formats import E4M3FN, FPFormat
+from gradcomp.ops._blocks import as_blocks, check_axis
+from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
+from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, transform_signs
+from gradcomp.ops.stats import add_zero_count, check_counter
+from gradcomp.rng import random_bits, resolve_seed
+from gradcomp.rounding import RoundingPlan, float_bits
+
+FLOAT32 = compute_layout(torch.float32)
+SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # NVFP4's block scales, clamped below its largest value
+
+
+def quantize_block(
+    x: Tensor,
+    element: FPFormat | str,
+    block_size: int = 32,
+    scale: Literal["e8m0fnu", "e4m3fn"] = "e8m0fnu",
+    axis: int = -1,
+    rounding: Rounding = "nearest",
+    seed: int | None = None,
+    scale_rule: Literal["floor", "ceil"] = "floor",
+    hadamard: int = 0,
+    backend: Backend = "auto",
+    count_zeros_into: Tensor | None = None,
+) -> Tensor:
+    """x in a block-scaled format (see the module), dequantized: x's dtype and shape.
+
+    element: the element format (e.g. "e4m3fn", "e3m2fn", "e2m1fn"); block_size: a power of two up to 256
+    (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX, with scale_rule "floor" as OCP MX 1.0 or "ceil", which never
+    saturates) or "e4m3fn" (NVFP4's two-level scale); rounding: "nearest" (ties to even) or "stochastic"
+    (random bits from seed and position; a fresh seed from torch's generator when seed is None, which also
+    draws the transform's signs); hadamard: 0, or the size of the random Hadamard transform applied first (a
+    power of two dividing block_size). float16, bfloat16 or float32 input. count_zeros_into: an int64
+    one-element tensor on x's device to which the output's zeros are added. One kernel launch on CUDA for MX,
+    three for NVFP4 (the tensor's largest magnitude first), plus a copy where `axis` is not the last,
+    contiguous one or block_size does not divide it; no host sync. Not differentiable."""
+    x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
+    fmt = BlockFormat(element, block_size, scale, scale_rule)
+    if rounding not in ("nearest", "stochastic"):
+        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    if hadamard:
+        check_transform_size(hadamard, block_size)
+    check_axis(x, axis)
+    check_counter(count_zeros_into, x)
+    stochastic = rounding == "stochastic"
+    seed = resolve_seed(seed) if stochastic or hadamard else 0
+    if x.numel() == 0:
+        return x.clone()
+    blocks, restore = as_blocks(x, block_size, axis)
+    if use_triton(x, backend):
+        from gradcomp.kernels.block import quantize_block_triton
+
+        length = x.shape[axis]
+        out = quantize_block_triton(blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into)
+        return restore(out)
+    return add_zero_count(restore(quantize_blocks(blocks, fmt, stochastic, seed, hadamard)), count_zeros_into)
+
+
+class _Parts(NamedTuple):
+    transformed: Tensor  # the values the format sees (after the transform), non-finite ones zeroed
+    scaled: Tensor  # their magnitudes in units of the block's scale, before saturation and rounding
+    rounded: Tensor  # the element grid's values they round to
+    out: Tensor  # the result, float32
+
+
+def quantize_blocks(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int) -> Tensor:
+    """The torch implementation on rows of block_size elements (the oracle of the kernel)."""
+    return _quantize(blocks, fmt, stochastic, seed, hadamard).out.to(blocks.dtype)
+
+
+def _quantize(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int) -> _Parts:
+    rows, size = blocks.shape
+    values = blocks.float()
+    finite = torch.isfinite(values)
+    if hadamard:
+        groups = values.view(rows, size // hadamard, hadamard)
+        finite = finite.view(groups.shape).all(-1, keepdim=True).expand(groups.shape).reshape(rows, size)
+        signs = transform_signs(seed, hadamard, blocks.device)
+        transformed = butterfly(torch.where(finite, values, 0.0).view(groups.shape) * signs).view(rows, size)
+    else:
+        transformed = torch.where(finite, values, 0.0)
+    magnitude = transformed.abs()
+    amax = magnitude.amax(1, keepdim=True)
+    plan = RoundingPlan.build(fmt.element_format, FLOAT32)
+    if fmt.per_tensor:
+        total = _nvfp4_scales(amax, fmt.element_format.max_value)
+        scaled = magnitude / total
+    else:
+        exponent = mx_exponent(amax, fmt)
+        scaled, total = magnitude * power_of_two(-exponent), power_of_two(exponent)
+    random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
+    rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
+    out = _apply_sign(rounded * total, transformed, plan)
+    if hadamard:
+        out = (signs * butterfly(out.view(groups.shape))).view(rows, size)
+    out_max = torch.finfo(blocks.dtype).max
+    out = torch.where(finite, out.clamp(-out_max, out_max), values)
+    return _Parts(transformed, scaled, rounded, out)
+
+
+def block_errors(
+    x: Tensor,
+    fmt: BlockFormat,
+    rounding: Rounding = "nearest",
+    hadamard: int = 0,
+    axis: int = -1,
+    seed: int = 0,
+) -> tuple[float, float, float]:
+    """What `quantize_block` does to x (finite, torch path), measured: the share of the non-zero values the
+    format sees (after the transform) that become zero, the share beyond the largest element value times
+    their block's scale (clipped), and sum (out - x)^2 / sum x^2. The shares count the elements x has (not
+    a trailing block's padding)."""
+    blocks, _ = as_blocks(x.detach(), fmt.block_size, axis)
+    parts = _quantize(blocks, fmt, rounding == "stochastic", seed, hadamard)
+    nonzero = parts.transformed != 0
+    flushed = (nonzero & (parts.rounded == 0)).sum() / nonzero.sum().clamp_min(1)
+    clipped = (parts.scaled > fmt.element_format.max_value).sum() / x.numel()
+    values = blocks.double()
+    error = (parts.out.double() - values).square().sum() / values.square().sum()
+    return float(flushed), float(clipped), float(error)
+
+
+def mx_exponent(amax: Tensor, fmt: BlockFormat) -> Tensor:
+    """k of each block's scale 2^k (int32), from the bits of amax (float32, >= 0, finite)."""
+    element = fmt.element_format
+    normal = amax >= 2.0**-126
+    bits = torch.where(normal, amax, amax * 2.0**24).view(torch.int32)
+    exponent = (bits >> 23) - torch.where(normal, 127, 151) - element.emax
+    if fmt.rule == "ceil":  # one binade up where amax's significand exceeds max_value's
+        exponent = exponent + ((bits & 0x7FFFFF) > (float_bits(element.max_value, FLOAT32) & 0x7FFFFF)).int()
+    return torch.where(amax > 0, exponent, -127).clamp(-127, 127).int()
+
+
+def power_of_two(exponent: Tensor) -> Tensor:
+    """2^k as float32 for int32 k in [-127, 127] (2^-127 is a subnormal)."""
+    return torch.where(exponent > -127, (exponent + 127) << 23, 1 << 22).view(torch.float32)
+
+
+def _nvfp4_scales(amax: Tensor, max_value: float) -> Tensor:
+    """Each block's total scale: the per-tensor scale times the block's E4M3 scale (float32)."""
+    tensor_scale = torch.clamp_min(amax.max() / (NVFP4_SCALE_MAX * max_value), NVFP4_TENSOR_SCALE_FLOOR)
+    block_scale = torch.clamp(amax / max_value / tensor_scale, NVFP4_SCALE_MIN, NVFP4_SCALE_MAX)
+    return tensor_scale * _round(block_scale, None, SCALE_PLAN, FLOAT32)

@@ -1,0 +1,92 @@
+"""The random Hadamard transform of blocks: what low-precision training recipes apply before quantizing.
+
+Each block of `block_size` consecutive elements along `axis` is multiplied by H D / sqrt(block_size): D a
+diagonal of random signs (one per position in the block, the same for every block of the tensor, as both
+operands of a GEMM must share it), H the Walsh-Hadamard matrix. The transform is orthogonal, so a block's
+energy is kept while its largest value shrinks towards the root mean square (a block of independent values
+becomes near-Gaussian), and a GEMM whose two operands are transformed along their reduction axis is
+unchanged. The inverse is D H / sqrt(block_size), the same butterfly followed by the signs; transforming
+back gives x up to float32 rounding.
+
+The butterfly runs log2(block_size) stages of sums and differences, stage s pairing the elements 2^s apart,
+then multiplies by the float32 value of 1/sqrt(block_size): the torch path and the kernel do these
+operations in this order, so that they agree bit for bit. The signs come from the counter-based bits at
+positions SIGN_COUNTER + j (j < block_size), beyond any element index, so that they are independent of the
+bits stochastic rounding draws for the elements; seed=None takes no signs (the plain transform).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from gradcomp._backend import Backend, check_float, use_triton
+from gradcomp.block_format import check_transform_size, transform_norm
+from gradcomp.ops._blocks import as_blocks, check_axis
+from gradcomp.rng import SIGN_COUNTER, random_bits
+
+
+def hadamard(
+    x: Tensor, block_size: int = 32, axis: int = -1, seed: int | None = None, backend: Backend = "auto"
+) -> Tensor:
+    """The random Hadamard transform of each block of `block_size` elements along `axis` (see the module),
+    in x's dtype and shape; `axis`'s length must be a multiple of block_size. Computed in float32
+    (float16/bfloat16/float32 input). One kernel launch on CUDA (plus a copy where `axis` is not the last,
+    contiguous one). Not differentiable."""
+    return _transform(x, block_size, axis, seed, backend, inverse=False)
+
+
+def hadamard_inverse(
+    y: Tensor, block_size: int = 32, axis: int = -1, seed: int | None = None, backend: Backend = "auto"
+) -> Tensor:
+    """The inverse of `hadamard` with the same block_size, axis and seed."""
+    return _transform(y, block_size, axis, seed, backend, inverse=True)
+
+
+def _transform(x: Tensor, size: int, axis: int, seed: int | None, backend: Backend, inverse: bool) -> Tensor:
+    x = check_kernel_dtype(check_float(x, "hadamard"), "hadamard")
+    check_transform_size(size)
+    check_axis(x, axis)
+    if x.shape[axis] % size:
+        raise ValueError(f"hadamard: the length {x.shape[axis]} of axis {axis} is not a multiple of {size}")
+    if x.numel() == 0:
+        return x.clone()
+    blocks, restore = as_blocks(x, size, axis)
+    if use_triton(x, backend):
+        from gradcomp.kernels.hadamard import hadamard_triton
+
+        return restore(hadamard_triton(blocks, seed, inverse))
+    signs = transform_signs(seed, size, x.device)
+    values = blocks.float()
+    out = signs * butterfly(values) if inverse else butterfly(values * signs)
+    return restore(out.to(x.dtype))
+
+
+def check_kernel_dtype(x: Tensor, op: str) -> Tensor:
+    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+        raise TypeError(
+            f"{op} computes in float32: pass a float16, bfloat16 or float32 tensor, got {x.dtype}"
+        )
+    return x
+
+
+def transform_signs(seed: int | None, size: int, device: torch.device) -> Tensor:
+    """D's diagonal: +-1.0 (float32) from the top bit of the counter-based bits at SIGN_COUNTER + j; all +1
+    without a seed."""
+    if seed is None:
+        return torch.ones(size, device=device)
+    bits = random_bits(seed, size, device, SIGN_COUNTER)
+    return torch.where(bits < 0, -1.0, 1.0)
+
+
+def butterfly(values: Tensor) -> Tensor:
+    """H v / sqrt(n) along the last axis (n a power of two), float32, in the kernel's order of operations."""
+    size = values.shape[-1]
+    lead = values.shape[:-1]
+    half = 1
+    while half < size:
+        pairs = values.reshape(*lead, size // (2 * half), 2, half)
+        first, second = pairs[..., 0, :], pairs[..., 1, :]
+        values = torch.stack((first + second, first - second), dim=-2).reshape(*lead, size)
+        half *= 2
+    return values * transform_norm(size)

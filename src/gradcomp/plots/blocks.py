@@ -1,0 +1,72 @@
+"""C1, C2: block-scaled gradient formats, drawn from their records."""
+
+from __future__ import annotations
+
+import numpy as np
+from matplotlib.figure import Figure
+
+from gradcomp.analysis.tables import Record
+from gradcomp.plots.style import gap_points, subplots, value
+
+
+def block_formats(record: Record) -> Figure:
+    arms = [row for row in record.rows() if row["bits"] < 32]
+    figure, axes = subplots(ncols=1, width=max(5.0, 0.7 * len(arms) + 2), height=4.2)
+    ax = axes[0][0]
+    several = len({row["model"] for row in arms}) > 1
+    labels = [f"{row['label']}\n({row['model']})" if several else row["label"] for row in arms]
+    positions = np.arange(len(arms))
+    gap_points(ax, arms, positions, fmt="o", color="C0")
+    ax.axhline(0, color="k", linestyle="--", linewidth=1, label="uncompressed run of the model")
+    ax.set_xticks(positions, labels, fontsize=7, rotation=30, ha="right")
+    ax.set(ylabel="accuracy - uncompressed (pt)")
+    ax.set_title("accuracy against the uncompressed run (95 % CI)", fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+    return figure
+
+
+def block_theory(record: Record) -> Figure:
+    rows = record.rows()
+    figure, axes = subplots(ncols=3, width=4.2, height=4.0)
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    for panel, (name, scale) in enumerate((("mse", "log"), ("flushed", "linear"))):
+        ax = axes[0][panel]
+        for row in rows:
+            colour = f"C{models.index(row['model'])}"
+            per_layer = row["arm"].endswith("per layer")
+            transformed = " H" in row["arm"]
+            ax.scatter(
+                value(row, name),
+                value(row, f"predicted_{name}"),
+                marker="s" if per_layer else "o",
+                facecolors="none" if transformed else colour,
+                edgecolors=colour,
+                s=28,
+            )
+        limits = [min(ax.get_xlim()[0], ax.get_ylim()[0]), max(ax.get_xlim()[1], ax.get_ylim()[1])]
+        ax.plot(limits, limits, color="k", linewidth=0.8, linestyle=":")
+        ax.set(xscale=scale, yscale=scale, xlabel=f"measured {name}", ylabel=f"predicted {name}")
+        ax.set_title(
+            f"({'ab'[panel]}) {'relative MSE' if name == 'mse' else 'share flushed to zero'}", fontsize=9
+        )
+    for index, model in enumerate(models):
+        axes[0][0].scatter([], [], color=f"C{index}", label=model)
+    axes[0][0].legend(fontsize=7)
+    ax = axes[0][2]
+    versus = record.rows("versus")
+    positions = np.arange(len(versus))
+    for position, row in zip(positions, versus, strict=True):
+        mean, low, high = row["measured_ln_ratio"], row["low"], row["high"]
+        error = None if low is None else [[mean - low], [high - mean]]
+        decided = row["verdict"] in ("better", "worse")
+        ax.errorbar([position], [mean], yerr=error, fmt="o", capsize=3, color="C0",
+                    markerfacecolor="C0" if decided else "white")  # fmt: skip
+        if row["predicted_ln_ratio"] is not None:
+            ax.scatter([position], [row["predicted_ln_ratio"]], marker="x", color="C3", zorder=5)
+    ax.axhline(0, color="k", linewidth=0.8, linestyle="--")
+    ax.set_xticks(
+        positions, [row["comparison"].removesuffix(" MSE") for row in versus], fontsize=6, rotation=90
+    )
+    ax.set(ylabel="ln(MSE blocks / MSE per layer)")
+    ax.set_title("(c) blocks against per-layer scaling", fontsize=9)
+    return figure
