@@ -11,7 +11,10 @@ partial moments over the rounding cells of the element grid times X (nearest: ce
 one below the first midpoint flushing to zero; stochastic: the variance (x - lo)(hi - x) between neighbouring
 points, zero with probability 1 - x / (X q_1) below the smallest point q_1); beyond X * max_value the value
 is clipped to it. The integral over M is a midpoint rule on M's quantile (`nodes` points), which bounds the
-error from the scale's jumps to O(1 / nodes).
+error from the scale's jumps to O(1 / nodes). Checked against 2^20 Monte-Carlo draws (tests/test_block.py):
+the shares within 0.004 (NVFP4 at sigma2 4: 0.01, its per-tensor scale being the sample's), the relative MSE
+within 5 % where a sample can decide it (sigma2 up to 1.5; beyond, a sample's MSE is carried by its few
+largest blocks), and with the transform on Gaussian gradients.
 
 Hadamard: the transform mixes a group's values into normalised sums of random-sign terms, which the theory
 takes as Gaussian with the lognormal's second moment (the central limit; for heavy tails, large sigma2, the

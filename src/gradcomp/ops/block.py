@@ -109,14 +109,17 @@ def quantize_blocks(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: in
 def _quantize(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int) -> _Parts:
     rows, size = blocks.shape
     values = blocks.float()
-    finite = torch.isfinite(values)
+    # one cheap reduction spares the selects in the common case (a host sync, harmless on this path)
+    finite = None if torch.isfinite(values.sum()) else torch.isfinite(values)
     if hadamard:
         groups = values.view(rows, size // hadamard, hadamard)
-        finite = finite.view(groups.shape).all(-1, keepdim=True).expand(groups.shape).reshape(rows, size)
+        if finite is not None:
+            finite = finite.view(groups.shape).all(-1, keepdim=True).expand(groups.shape).reshape(rows, size)
         signs = transform_signs(seed, hadamard, blocks.device)
-        transformed = butterfly(torch.where(finite, values, 0.0).view(groups.shape) * signs).view(rows, size)
+        kept = values if finite is None else torch.where(finite, values, 0.0)
+        transformed = butterfly(kept.view(groups.shape) * signs).view(rows, size)
     else:
-        transformed = torch.where(finite, values, 0.0)
+        transformed = values if finite is None else torch.where(finite, values, 0.0)
     magnitude = transformed.abs()
     amax = magnitude.amax(1, keepdim=True)
     plan = RoundingPlan.build(fmt.element_format, FLOAT32)
@@ -132,7 +135,9 @@ def _quantize(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, had
     if hadamard:
         out = (signs * butterfly(out.view(groups.shape))).view(rows, size)
     out_max = torch.finfo(blocks.dtype).max
-    out = torch.where(finite, out.clamp(-out_max, out_max), values)
+    out = out.clamp(-out_max, out_max)
+    if finite is not None:
+        out = torch.where(finite, out, values)
     return _Parts(transformed, scaled, rounded, out)
 
 

@@ -83,10 +83,13 @@ def butterfly(values: Tensor) -> Tensor:
     """H v / sqrt(n) along the last axis (n a power of two), float32, in the kernel's order of operations."""
     size = values.shape[-1]
     lead = values.shape[:-1]
-    half = 1
-    while half < size:
+    buffers = [torch.empty_like(values, memory_format=torch.contiguous_format) for _ in range(2)]
+    half, stage = 1, 0
+    while half < size:  # sums and differences into one buffer, then the other (the input is not written)
         pairs = values.reshape(*lead, size // (2 * half), 2, half)
-        first, second = pairs[..., 0, :], pairs[..., 1, :]
-        values = torch.stack((first + second, first - second), dim=-2).reshape(*lead, size)
-        half *= 2
+        into = buffers[stage % 2].view(pairs.shape)
+        torch.add(pairs[..., 0, :], pairs[..., 1, :], out=into[..., 0, :])
+        torch.sub(pairs[..., 0, :], pairs[..., 1, :], out=into[..., 1, :])
+        values = buffers[stage % 2]
+        half, stage = half * 2, stage + 1
     return values * transform_norm(size)
