@@ -11,7 +11,14 @@ a scale format:
   here without rounding that quotient first). An all-zero block gets k = -127.
 * ``"e4m3fn"`` (NVFP4): a float32 per-tensor scale s = amax(tensor) / (448 * max_value) maps the largest
   block scale to E4M3's top; each block's scale is amax(block) / max_value / s, clamped to [2^-6, 448] and
-  rounded to E4M3 (nearest, ties to even); elements are divided by s times it. torchao's NVFP4 reference.
+  rounded to E4M3; elements are divided by s times it. ``rule="floor"``: rounded to nearest (ties to even),
+  torchao's NVFP4 reference, where a block scale rounded down saturates the block's largest values;
+  ``rule="ceil"``: rounded up, so nothing saturates (but for float32's rounding of the two divisions, at
+  most 2^-22 of the block's largest value).
+
+Stochastic rounding is unbiased only where nothing saturates: under ``floor`` a block's largest values are
+clipped to max_value and E[out] < x there (about 1.3 % of the gradient's magnitude for MXFP4). So
+`default_rule` takes ``ceil`` for stochastic rounding, and `check_rule` refuses ``floor`` with it.
 
 Bits per element: the element's plus the scale's 8 bits shared by the block (NVFP4's one float32 per tensor
 is neglected).
@@ -24,7 +31,7 @@ import math
 import struct
 from dataclasses import dataclass, field
 
-from gradcomp.formats import FPFormat, parse_format
+from gradcomp.formats import DTYPE_FORMATS, DTYPE_LOOKALIKES, FPFormat, parse_format
 
 BLOCK_SCALES = ("e8m0fnu", "e4m3fn")
 SCALE_RULES = ("floor", "ceil")
@@ -34,6 +41,9 @@ NVFP4_SCALE_MAX = 448.0  # E4M3's largest value: the per-tensor scale puts the l
 NVFP4_SCALE_MIN = 2.0**-6  # block scales are clamped here from below (E4M3's smallest normal, as torchao)
 # the per-tensor scale is at least this, so that times the smallest block scale it is a normal float32
 NVFP4_TENSOR_SCALE_FLOOR = 2.0**-120
+E4M3_ULP_BITS = (
+    1 << 20
+)  # an E4M3 normal's last mantissa bit (of 3) in float32's bits: ceil clears those below
 
 
 def _power_of_two(value: object, low: int) -> bool:
@@ -54,10 +64,22 @@ class BlockFormat:
     _element: FPFormat = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        name = self.element.strip().lower() if isinstance(self.element, str) else None
+        lookalike = DTYPE_LOOKALIKES.get(name) if name else None
+        if lookalike is not None:  # the recipes' elements are the dtypes: refuse the other reading
+            other = parse_format(self.element)
+            raise ValueError(
+                f"element {self.element!r} reads like {lookalike} (largest value "
+                f"{DTYPE_FORMATS[lookalike].max_value:g}) but names the saturating FPFormat"
+                f"({other.exp_bits}, {other.man_bits}) (largest value {other.max_value:g}); name the dtype "
+                f"({lookalike!r}; OCP MX's 8-bit elements are 'e4m3fn' and 'float8_e5m2') or pass that "
+                "FPFormat"
+            )
         fmt = parse_format(self.element)
         if not (fmt.signed and fmt.zero):
             raise ValueError(f"block elements need a sign and a zero; {fmt.name} lacks one")
-        object.__setattr__(self, "element", fmt.name)
+        # by name, but for the formats whose names are refused above (kept as given)
+        object.__setattr__(self, "element", fmt if fmt.name in DTYPE_LOOKALIKES else fmt.name)
         object.__setattr__(self, "_element", dataclasses.replace(fmt, overflow="saturate"))
         if not _power_of_two(self.block_size, 2):
             raise ValueError(
@@ -67,8 +89,6 @@ class BlockFormat:
             raise ValueError(f"scale must be one of {BLOCK_SCALES}, got {self.scale!r}")
         if self.rule not in SCALE_RULES:
             raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.rule!r}")
-        if self.scale == "e4m3fn" and self.rule != "floor":
-            raise ValueError("scale_rule chooses a power-of-two (e8m0fnu) scale; e4m3fn scales are rounded")
 
     @property
     def element_format(self) -> FPFormat:
@@ -91,8 +111,27 @@ class BlockFormat:
             if preset == dataclasses.replace(self, rule="floor"):
                 return name.upper() + (" ceil" if self.rule == "ceil" else "")
         fmt = self._element
-        scale = "E8M0" + (" ceil" if self.rule == "ceil" else "") if self.scale == "e8m0fnu" else "E4M3"
+        scale = ("E8M0" if self.scale == "e8m0fnu" else "E4M3") + (" ceil" if self.rule == "ceil" else "")
         return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}"
+
+
+def default_rule(rounding: str) -> str:
+    """The scale rule of a rounding mode: OCP MX 1.0's ``floor`` for nearest, ``ceil`` for stochastic
+    rounding (the only unbiased one: nothing saturates)."""
+    return "ceil" if rounding == "stochastic" else "floor"
+
+
+def check_rule(rule: str | None, rounding: str) -> str:
+    """`rule`, or the rounding's default where it is None; ``floor`` with stochastic rounding is refused,
+    since saturation makes it biased (see the module)."""
+    if rule is None:
+        return default_rule(rounding)
+    if rule == "floor" and rounding == "stochastic":
+        raise ValueError(
+            "scale_rule='floor' saturates each block's largest values, so stochastic rounding would be "
+            "biased (E[out] < x); use scale_rule='ceil' (the default for stochastic rounding)"
+        )
+    return rule
 
 
 def check_transform_size(size: object, block_size: int | None = None) -> int:
@@ -107,6 +146,12 @@ def check_transform_size(size: object, block_size: int | None = None) -> int:
 def transform_norm(size: int) -> float:
     """1/sqrt(size) rounded to float32 (exact for even powers of two): the Hadamard transform's factor."""
     return struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(size)))[0]
+
+
+def prescale_shift(hadamard: int) -> int:
+    """P = 2 log2(hadamard) + 2: below 2^(127 - P) and prescaled by 2^-P, the transform, the quantized
+    values (up to twice the transformed ones) and the transform back stay below float32's largest value."""
+    return 2 * hadamard.bit_length()
 
 
 # The formats of today's low-precision training recipes. MXFP6 takes E3M2, the wider of OCP's two FP6

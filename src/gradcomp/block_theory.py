@@ -156,6 +156,8 @@ def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -
         grid = E4M3FN.positive_values().numpy()
         index = np.clip(np.searchsorted(grid, ratio), 1, len(grid) - 1)
         low, high = grid[index - 1], grid[index]
+        if fmt.rule == "ceil":  # rounded up: high is the least grid value >= ratio
+            return tensor_scale * np.where(ratio <= low, low, high)
         return tensor_scale * np.where(ratio - low < high - ratio, low, high)
     _, exponent = np.frexp(largest)  # largest = m 2^exponent, m in [0.5, 1)
     k = exponent - 1 - element.emax

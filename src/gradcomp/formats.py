@@ -282,6 +282,13 @@ _SHORT_NAMES = {
     for dtype, fmt in DTYPE_FORMATS.items()
     if _NAME.fullmatch(dtype.split("_", 1)[1]) is None
 }
+# short names that read like a dtype's but parse to another format (``e5m2`` is the saturating FPFormat(5, 2),
+# whose all-ones exponent field is a normal binade, not float8_e5m2): the dtype's full name for each
+DTYPE_LOOKALIKES = {
+    dtype.split("_", 1)[1]: dtype
+    for dtype, fmt in DTYPE_FORMATS.items()
+    if _NAME.fullmatch(dtype.split("_", 1)[1]) is not None and parse_format(dtype.split("_", 1)[1]) != fmt
+}
 # the canonical name of a dtype format that the e{E}m{M} options describe only with the newer ones
 _ALIASES = {
     fmt: short

@@ -13,10 +13,12 @@ from torch import Tensor
 
 from gradcomp._backend import compute_layout
 from gradcomp.block_format import (
+    E4M3_ULP_BITS,
     NVFP4_SCALE_MAX,
     NVFP4_SCALE_MIN,
     NVFP4_TENSOR_SCALE_FLOOR,
     BlockFormat,
+    prescale_shift,
     transform_norm,
 )
 from gradcomp.formats import E4M3FN
@@ -36,22 +38,28 @@ SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # NVFP4's block scales
 
 @triton.jit
 def _transformed(values, finite, k0, k1, ROWS: tl.constexpr, SIZE: tl.constexpr, H: tl.constexpr,
-                 H_STAGES: tl.constexpr, H_NORM: tl.constexpr, SIGN_COUNTER: tl.constexpr):  # fmt: skip
-    """(the values the scales are taken of, where the output is computed, the signs): the transform of each
-    group of H with only finite values, or the finite values themselves."""
+                 H_STAGES: tl.constexpr, H_NORM: tl.constexpr, H_BIG: tl.constexpr, H_DOWN: tl.constexpr,
+                 H_UP: tl.constexpr, SIGN_COUNTER: tl.constexpr):  # fmt: skip
+    """(the values the scales are taken of, where the output is computed, the signs, each block's 2^P or 1):
+    the transform of each group of H with only finite values (blocks prescaled as `prescales` says), or the
+    finite values themselves."""
     if H > 0:
         groups = tl.reshape(finite.to(tl.int32), [ROWS * SIZE // H, H])
         whole = tl.reshape(tl.broadcast_to(tl.min(groups, 1)[:, None], [ROWS * SIZE // H, H]), [ROWS, SIZE])
         finite = whole != 0
         signs = transform_signs(tl.arange(0, H), k0, k1, True, SIGN_COUNTER)[None, :]
-        zeroed = tl.reshape(tl.where(finite, values, 0.0), [ROWS * SIZE // H, H])
+        kept = tl.where(finite, values, 0.0)
+        big = tl.max(tl.abs(kept), 1)[:, None] >= H_BIG
+        unscale = tl.where(big, H_UP, 1.0)
+        zeroed = tl.reshape(kept * tl.where(big, H_DOWN, 1.0), [ROWS * SIZE // H, H])
         transformed = tl.reshape(
             butterfly(zeroed * signs, ROWS * SIZE // H, H, H_STAGES, H_NORM), [ROWS, SIZE]
         )
     else:
         signs = 1.0
+        unscale = 1.0
         transformed = tl.where(finite, values, 0.0)
-    return transformed, finite, signs
+    return transformed, finite, signs, unscale
 
 
 @triton.jit
@@ -71,6 +79,9 @@ def _block_kernel(
     H: tl.constexpr,
     H_STAGES: tl.constexpr,
     H_NORM: tl.constexpr,
+    H_BIG: tl.constexpr,
+    H_DOWN: tl.constexpr,
+    H_UP: tl.constexpr,
     SIGN_COUNTER: tl.constexpr,
     MAXIMA_ONLY: tl.constexpr,
     PER_TENSOR: tl.constexpr,
@@ -94,6 +105,7 @@ def _block_kernel(
     S_TO_Q1: tl.constexpr,
     S_FROM_Q0: tl.constexpr,
     S_FROM_Q1: tl.constexpr,
+    S_ULP: tl.constexpr,
     SCALE_MIN: tl.constexpr,
     SCALE_MAX: tl.constexpr,
     NEGATIVE_ZERO: tl.constexpr,
@@ -107,23 +119,31 @@ def _block_kernel(
     offsets = rows[:, None] * SIZE + columns[None, :]
     raw = tl.load(x_ptr + offsets, mask=inside, other=0.0)
     values = raw.to(tl.float32)
-    transformed, finite, signs = _transformed(
-        values, tl.abs(values) < float("inf"), k0, k1, ROWS, SIZE, H, H_STAGES, H_NORM, SIGN_COUNTER
-    )
+    transformed, finite, signs, unscale = _transformed(
+        values, tl.abs(values) < float("inf"), k0, k1, ROWS, SIZE, H, H_STAGES, H_NORM, H_BIG, H_DOWN, H_UP,
+        SIGN_COUNTER,
+    )  # fmt: skip
     magnitude = tl.abs(transformed)
     amax = tl.max(magnitude, 1)[:, None]
-    if MAXIMA_ONLY:
-        tl.store(partial_ptr + tl.program_id(0), tl.max(amax))
+    if MAXIMA_ONLY:  # the per-tensor scale's candidates, of the blocks as they are (not prescaled)
+        tl.store(
+            partial_ptr + tl.program_id(0), tl.max(tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale)
+        )
     else:
         if PER_TENSOR:
             tensor_scale = tl.load(tensor_scale_ptr)
-            block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale)
+            block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale) * unscale
             block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
-            block_scale = _round_magnitude(
-                block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
-                S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
-            )  # fmt: skip
-            total = tensor_scale * block_scale
+            if CEIL:
+                block_scale = ((block_scale.to(tl.int32, bitcast=True) + (S_ULP - 1)) & -S_ULP).to(
+                    tl.float32, bitcast=True
+                )
+            else:
+                block_scale = _round_magnitude(
+                    block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
+                    S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
+                )  # fmt: skip
+            total = tl.math.div_rn(tensor_scale * block_scale, unscale)
             scaled = tl.math.div_rn(magnitude, total)
         else:
             normal = amax >= 1.1754943508222875e-38
@@ -146,7 +166,8 @@ def _block_kernel(
         out = (out.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
         if H > 0:
             groups = tl.reshape(out, [ROWS * SIZE // H, H])
-            out = tl.reshape(signs * butterfly(groups, ROWS * SIZE // H, H, H_STAGES, H_NORM), [ROWS, SIZE])
+            out = signs * butterfly(groups, ROWS * SIZE // H, H, H_STAGES, H_NORM)
+            out = tl.reshape(out, [ROWS, SIZE]) * unscale
         out = tl.where(finite, tl.minimum(tl.maximum(out, -OUT_MAX), OUT_MAX), values)
         stored = to_storage(out, raw.dtype)
         tl.store(out_ptr + offsets, stored, mask=inside)
@@ -162,14 +183,13 @@ def _power_of_two(exponent):
 
 
 @triton.jit
-def _tensor_scale_kernel(partial_ptr, programs, out_ptr, DIVISOR: tl.constexpr, FLOOR: tl.constexpr,
-                         BLOCK: tl.constexpr):  # fmt: skip
-    """NVFP4's per-tensor scale: the largest of the programs' maxima over DIVISOR, at least FLOOR."""
+def _tensor_scale_kernel(partial_ptr, programs, out_ptr, FLOOR: tl.constexpr, BLOCK: tl.constexpr):
+    """NVFP4's per-tensor scale: the largest of the programs' candidates, at least FLOOR."""
     largest = tl.zeros((BLOCK,), tl.float32)
     for first in range(0, programs, BLOCK):
         index = first + tl.arange(0, BLOCK)
         largest = tl.maximum(largest, tl.load(partial_ptr + index, mask=index < programs, other=0.0))
-    tl.store(out_ptr, tl.maximum(tl.math.div_rn(tl.max(largest, 0), DIVISOR), FLOOR))
+    tl.store(out_ptr, tl.maximum(tl.max(largest, 0), FLOOR))
 
 
 def quantize_block_triton(
@@ -190,12 +210,16 @@ def quantize_block_triton(
     rows = max(1, TILE // size)
     programs = triton.cdiv(rows_total, rows)
     k0, k1 = seed_keys(seed)
+    shift = prescale_shift(hadamard)
     constants = dict(
         SIZE=size,
         ROWS=rows,
         H=hadamard,
         H_STAGES=max(hadamard.bit_length() - 1, 0),
         H_NORM=transform_norm(hadamard) if hadamard else 1.0,
+        H_BIG=2.0 ** (127 - shift),
+        H_DOWN=2.0**-shift,
+        H_UP=2.0**shift,
         SIGN_COUNTER=SIGN_COUNTER,
         PER_TENSOR=fmt.per_tensor,
         EMAX=element.emax,
@@ -208,6 +232,7 @@ def quantize_block_triton(
         S_DISCARD=SCALE_PLAN.discard_bits,
         S_TIE_OFFSET=SCALE_PLAN.tie_offset,
         **{f"S_{key}": value for key, value in _rounding_constants(SCALE_PLAN).items()},
+        S_ULP=E4M3_ULP_BITS,
         SCALE_MIN=NVFP4_SCALE_MIN,
         SCALE_MAX=NVFP4_SCALE_MAX,
         NEGATIVE_ZERO=plan.negative_zero,
@@ -229,7 +254,6 @@ def quantize_block_triton(
             partials,
             programs,
             tensor_scale,
-            DIVISOR=NVFP4_SCALE_MAX * element.max_value,
             FLOOR=NVFP4_TENSOR_SCALE_FLOOR,
             BLOCK=PARTIALS_BLOCK,
         )

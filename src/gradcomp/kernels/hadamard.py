@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gradcomp.block_format import transform_norm
+from gradcomp.block_format import prescale_shift, transform_norm
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import random_uint32
 from gradcomp.profiling import launch
@@ -49,6 +49,9 @@ def _hadamard_kernel(
     SIZE: tl.constexpr,
     STAGES: tl.constexpr,
     NORM: tl.constexpr,
+    BIG: tl.constexpr,
+    DOWN: tl.constexpr,
+    UP: tl.constexpr,
     SIGNS: tl.constexpr,
     SIGN_COUNTER: tl.constexpr,
     INVERSE: tl.constexpr,
@@ -61,10 +64,13 @@ def _hadamard_kernel(
     raw = tl.load(x_ptr + offsets, mask=inside, other=0.0)
     signs = transform_signs(columns, k0, k1, SIGNS, SIGN_COUNTER)[None, :]
     values = raw.to(tl.float32)
+    big = tl.max(tl.abs(values), 1)[:, None] >= BIG  # prescaled so that no sum overflows
+    values = values * tl.where(big, DOWN, 1.0)
     if INVERSE:
         out = signs * butterfly(values, ROWS, SIZE, STAGES, NORM)
     else:
         out = butterfly(values * signs, ROWS, SIZE, STAGES, NORM)
+    out = out * tl.where(big, UP, 1.0)
     tl.store(out_ptr + offsets, to_storage(out, raw.dtype), mask=inside)
 
 
@@ -73,6 +79,7 @@ def hadamard_triton(blocks: Tensor, seed: int | None, inverse: bool) -> Tensor:
     rows_total, size = blocks.shape
     out = torch.empty_like(blocks)
     k0, k1 = seed_keys(0 if seed is None else seed)
+    shift = prescale_shift(size)
     launch(
         _hadamard_kernel,
         (triton.cdiv(rows_total, ROWS),),
@@ -84,6 +91,9 @@ def hadamard_triton(blocks: Tensor, seed: int | None, inverse: bool) -> Tensor:
         SIZE=size,
         STAGES=size.bit_length() - 1,
         NORM=transform_norm(size),
+        BIG=2.0 ** (127 - shift),
+        DOWN=2.0**-shift,
+        UP=2.0**shift,
         SIGNS=seed is not None,
         SIGN_COUNTER=SIGN_COUNTER,
         INVERSE=inverse,

@@ -315,6 +315,40 @@ def _finish_kernel(
             tl.store(fit_ptr + 4, float("nan"))
 
 
+@triton.jit
+def _thresholds_kernel(moments_ptr, numel_ptr, numel, out_ptr, table_ptr, SPARSITY: tl.constexpr,
+                       NUMEL_PER_ROW: tl.constexpr):  # fmt: skip
+    """`gradcomp.ops.lognormal_threshold_from_moments` of one row of moments (count, sum ln, sum ln^2,
+    zeros) per program: the threshold solve of `_finish_kernel` with one population."""
+    row = tl.program_id(0).to(tl.int64)
+    count = tl.load(moments_ptr + row * 4)
+    zeros = tl.load(moments_ptr + row * 4 + 3)
+    n = tl.load(numel_ptr + row).to(tl.float64) if NUMEL_PER_ROW else tl.cast(numel, tl.float64)
+    mu, sigma = _fit(count, tl.load(moments_ptr + row * 4 + 1), tl.load(moments_ptr + row * 4 + 2))
+    wanted = SPARSITY * n - zeros
+    alpha = tl.exp(_mixture_log_threshold(count, mu, sigma, 0.0 * count, mu, sigma, wanted, table_ptr))
+    tl.store(out_ptr + row, tl.where((wanted > 0) & (count > 0) & (alpha < float("inf")), alpha, 0.0))
+
+
+def thresholds_triton(moments: Tensor, numel: int | Tensor, sparsity: float) -> Tensor:
+    """One threshold (float64) per row of float64 moments (rows, 4); numel an int or one per row."""
+    out = torch.empty(moments.shape[0], dtype=torch.float64, device=moments.device)
+    per_row = isinstance(numel, Tensor)
+    launch(
+        _thresholds_kernel,
+        (moments.shape[0],),
+        moments,
+        numel if per_row else moments,
+        0 if per_row else numel,
+        out,
+        lognormal._threshold_table(moments.device),
+        SPARSITY=float(sparsity),
+        NUMEL_PER_ROW=per_row,
+        num_warps=1,
+    )
+    return out
+
+
 def statistics_triton(
     x: Tensor,
     mask: Tensor | None,

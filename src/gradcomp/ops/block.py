@@ -19,6 +19,12 @@ GEMM whose other operand is transformed the same way computes with. Non-finite v
 unchanged and take no part in any scale; with the transform, the whole group of a non-finite value passes
 through. A trailing block shorter than block_size (the axis length not a multiple of it) is quantized as if
 padded with zeros: its scale is that of the elements it has.
+
+Range: with the transform, a block whose largest finite magnitude reaches 2^(127 - P), P = 2 log2(hadamard)
++ 2 (2^115 for hadamard=32), is computed as 2^P times the result for the block times 2^-P (exact, as the
+scales are powers of two or divided through, but for values below 2^(P - 126), which lie far below the
+block's rounding error), so that no sum of the butterflies overflows float32. Results beyond the dtype's
+largest finite value (an exact result of a value within a rounding step of it) saturate there.
 """
 
 from __future__ import annotations
@@ -30,16 +36,18 @@ from torch import Tensor
 
 from gradcomp._backend import Backend, check_float, compute_layout, use_triton
 from gradcomp.block_format import (
+    E4M3_ULP_BITS,
     NVFP4_SCALE_MAX,
     NVFP4_SCALE_MIN,
     NVFP4_TENSOR_SCALE_FLOOR,
     BlockFormat,
+    check_rule,
     check_transform_size,
 )
 from gradcomp.formats import E4M3FN, FPFormat
 from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
-from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, transform_signs
+from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, prescales, transform_signs
 from gradcomp.ops.stats import add_zero_count, check_counter
 from gradcomp.rng import random_bits, resolve_seed
 from gradcomp.rounding import RoundingPlan, float_bits
@@ -56,7 +64,7 @@ def quantize_block(
     axis: int = -1,
     rounding: Rounding = "nearest",
     seed: int | None = None,
-    scale_rule: Literal["floor", "ceil"] = "floor",
+    scale_rule: Literal["floor", "ceil"] | None = None,
     hadamard: int = 0,
     backend: Backend = "auto",
     count_zeros_into: Tensor | None = None,
@@ -64,21 +72,24 @@ def quantize_block(
     """x in a block-scaled format (see the module), dequantized: x's dtype and shape.
 
     element: the element format (e.g. "e4m3fn", "e3m2fn", "e2m1fn"); block_size: a power of two up to 256
-    (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX, with scale_rule "floor" as OCP MX 1.0 or "ceil", which never
-    saturates) or "e4m3fn" (NVFP4's two-level scale); rounding: "nearest" (ties to even) or "stochastic"
-    (random bits from seed and position; a fresh seed from torch's generator when seed is None, which also
-    draws the transform's signs); hadamard: 0, or the size of the random Hadamard transform applied first (a
-    power of two dividing block_size). float16, bfloat16 or float32 input. count_zeros_into: an int64
-    one-element tensor on x's device to which the output's zeros are added. One kernel launch on CUDA for MX,
+    (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX) or "e4m3fn" (NVFP4's two-level scale); scale_rule: "floor"
+    (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao) or "ceil" (nothing saturates), None
+    for floor with nearest and ceil with stochastic rounding (floor with stochastic rounding is refused: it
+    is biased); rounding: "nearest" (ties to even) or "stochastic" (unbiased: E[out] = x but for the
+    saturation at the dtype's range; random bits from seed and position; a fresh seed from torch's
+    generator when seed is None, which also draws the transform's signs); hadamard: 0, or the size of the
+    random Hadamard transform applied first (a power of two dividing block_size). float16, bfloat16 or
+    float32 input; a 0-d tensor is one block of one element. count_zeros_into: an int64 one-element tensor
+    on x's device to which the output's zeros are added. One kernel launch on CUDA for MX,
     three for NVFP4 (the tensor's largest magnitude first), plus a copy where `axis` is not the last,
     contiguous one or block_size does not divide it; no host sync. Not differentiable."""
     x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
-    fmt = BlockFormat(element, block_size, scale, scale_rule)
     if rounding not in ("nearest", "stochastic"):
         raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    fmt = BlockFormat(element, block_size, scale, check_rule(scale_rule, rounding))
     if hadamard:
         check_transform_size(hadamard, block_size)
-    check_axis(x, axis)
+    axis = check_axis(x, axis)
     check_counter(count_zeros_into, x)
     stochastic = rounding == "stochastic"
     seed = resolve_seed(seed) if stochastic or hadamard else 0
@@ -88,7 +99,7 @@ def quantize_block(
     if use_triton(x, backend):
         from gradcomp.kernels.block import quantize_block_triton
 
-        length = x.shape[axis]
+        length = x.shape[axis] if x.dim() else 1
         out = quantize_block_triton(blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into)
         return restore(out)
     return add_zero_count(restore(quantize_blocks(blocks, fmt, stochastic, seed, hadamard)), count_zeros_into)
@@ -111,20 +122,22 @@ def _quantize(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, had
     values = blocks.float()
     # one cheap reduction spares the selects in the common case (a host sync, harmless on this path)
     finite = None if torch.isfinite(values.sum()) else torch.isfinite(values)
+    unscale = None  # per block, 2^P where the transform's sums could overflow (see the module), else 1
     if hadamard:
         groups = values.view(rows, size // hadamard, hadamard)
         if finite is not None:
             finite = finite.view(groups.shape).all(-1, keepdim=True).expand(groups.shape).reshape(rows, size)
         signs = transform_signs(seed, hadamard, blocks.device)
         kept = values if finite is None else torch.where(finite, values, 0.0)
-        transformed = butterfly(kept.view(groups.shape) * signs).view(rows, size)
+        prescale, unscale = prescales(kept.abs().amax(1, keepdim=True), hadamard)
+        transformed = butterfly((kept * prescale).view(groups.shape) * signs).view(rows, size)
     else:
         transformed = values if finite is None else torch.where(finite, values, 0.0)
     magnitude = transformed.abs()
     amax = magnitude.amax(1, keepdim=True)
     plan = RoundingPlan.build(fmt.element_format, FLOAT32)
     if fmt.per_tensor:
-        total = _nvfp4_scales(amax, fmt.element_format.max_value)
+        total = _nvfp4_scales(amax, fmt, unscale)
         scaled = magnitude / total
     else:
         exponent = mx_exponent(amax, fmt)
@@ -133,7 +146,7 @@ def _quantize(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, had
     rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
     out = _apply_sign(rounded * total, transformed, plan)
     if hadamard:
-        out = (signs * butterfly(out.view(groups.shape))).view(rows, size)
+        out = (signs * butterfly(out.view(groups.shape))).view(rows, size) * unscale
     out_max = torch.finfo(blocks.dtype).max
     out = out.clamp(-out_max, out_max)
     if finite is not None:
@@ -179,8 +192,24 @@ def power_of_two(exponent: Tensor) -> Tensor:
     return torch.where(exponent > -127, (exponent + 127) << 23, 1 << 22).view(torch.float32)
 
 
-def _nvfp4_scales(amax: Tensor, max_value: float) -> Tensor:
-    """Each block's total scale: the per-tensor scale times the block's E4M3 scale (float32)."""
-    tensor_scale = torch.clamp_min(amax.max() / (NVFP4_SCALE_MAX * max_value), NVFP4_TENSOR_SCALE_FLOOR)
-    block_scale = torch.clamp(amax / max_value / tensor_scale, NVFP4_SCALE_MIN, NVFP4_SCALE_MAX)
-    return tensor_scale * _round(block_scale, None, SCALE_PLAN, FLOAT32)
+def _nvfp4_scales(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None) -> Tensor:
+    """Each block's total scale: the per-tensor scale times the block's E4M3 scale (float32). With
+    prescaled blocks (amax times 2^-P, `unscale` = 2^P) the result is the scale of the prescaled block: the
+    divisions commute with the powers of two."""
+    max_value = fmt.element_format.max_value
+    ratio = amax / (NVFP4_SCALE_MAX * max_value)
+    tensor_scale = torch.clamp_min(
+        (ratio if unscale is None else ratio * unscale).max(), NVFP4_TENSOR_SCALE_FLOOR
+    )
+    block_scale = amax / max_value / tensor_scale
+    if unscale is not None:
+        block_scale = block_scale * unscale
+    block_scale = torch.clamp(block_scale, NVFP4_SCALE_MIN, NVFP4_SCALE_MAX)
+    if fmt.rule == "ceil":  # up to the next E4M3 value: clear the 20 low bits, rounding up
+        block_scale = ((block_scale.view(torch.int32) + E4M3_ULP_BITS - 1) & -E4M3_ULP_BITS).view(
+            torch.float32
+        )
+    else:
+        block_scale = _round(block_scale, None, SCALE_PLAN, FLOAT32)
+    total = tensor_scale * block_scale
+    return total if unscale is None else total / unscale

@@ -10,7 +10,12 @@ back gives x up to float32 rounding.
 
 The butterfly runs log2(block_size) stages of sums and differences, stage s pairing the elements 2^s apart,
 then multiplies by the float32 value of 1/sqrt(block_size): the torch path and the kernel do these
-operations in this order, so that they agree bit for bit. The signs come from the counter-based bits at
+operations in this order, so that they agree bit for bit. A block whose largest magnitude reaches
+2^(127 - P), P = 2 log2(block_size) + 2, is multiplied by 2^-P first and by 2^P last (`prescales`), so
+that no sum overflows: exact but for values below 2^(P - 126) beside it, which lie far below its rounding
+error. Where the exact result exceeds float32's range (a block within a factor sqrt(block_size) of it),
+the output is +-inf there, as float32 has no larger value (and past float16's or bfloat16's range, the
+dtype's inf). The signs come from the counter-based bits at
 positions SIGN_COUNTER + j (j < block_size), beyond any element index, so that they are independent of the
 bits stochastic rounding draws for the elements; seed=None takes no signs (the plain transform).
 """
@@ -21,7 +26,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, check_float, use_triton
-from gradcomp.block_format import check_transform_size, transform_norm
+from gradcomp.block_format import check_transform_size, prescale_shift, transform_norm
 from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.rng import SIGN_COUNTER, random_bits
 
@@ -46,9 +51,10 @@ def hadamard_inverse(
 def _transform(x: Tensor, size: int, axis: int, seed: int | None, backend: Backend, inverse: bool) -> Tensor:
     x = check_kernel_dtype(check_float(x, "hadamard"), "hadamard")
     check_transform_size(size)
-    check_axis(x, axis)
-    if x.shape[axis] % size:
-        raise ValueError(f"hadamard: the length {x.shape[axis]} of axis {axis} is not a multiple of {size}")
+    axis = check_axis(x, axis)
+    length = x.shape[axis] if x.dim() else 1  # a 0-d tensor: one element
+    if length % size:
+        raise ValueError(f"hadamard: the length {length} of axis {axis} is not a multiple of {size}")
     if x.numel() == 0:
         return x.clone()
     blocks, restore = as_blocks(x, size, axis)
@@ -58,8 +64,10 @@ def _transform(x: Tensor, size: int, axis: int, seed: int | None, backend: Backe
         return restore(hadamard_triton(blocks, seed, inverse))
     signs = transform_signs(seed, size, x.device)
     values = blocks.float()
+    prescale, unscale = prescales(values.abs().amax(1, keepdim=True), size)
+    values = values * prescale
     out = signs * butterfly(values) if inverse else butterfly(values * signs)
-    return restore(out.to(x.dtype))
+    return restore((out * unscale).to(x.dtype))
 
 
 def check_kernel_dtype(x: Tensor, op: str) -> Tensor:
@@ -77,6 +85,13 @@ def transform_signs(seed: int | None, size: int, device: torch.device) -> Tensor
         return torch.ones(size, device=device)
     bits = random_bits(seed, size, device, SIGN_COUNTER)
     return torch.where(bits < 0, -1.0, 1.0)
+
+
+def prescales(amax: Tensor, hadamard: int) -> tuple[Tensor, Tensor]:
+    """(2^-P, 2^P) where a block's largest magnitude reaches 2^(127 - P), else (1, 1)."""
+    shift = prescale_shift(hadamard)
+    big = amax >= 2.0 ** (127 - shift)
+    return torch.where(big, 2.0**-shift, 1.0), torch.where(big, 2.0**shift, 1.0)
 
 
 def butterfly(values: Tensor) -> Tensor:

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gradcomp import lognormal
-from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
+from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, triton_available, use_triton
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.stats import Rule, add_zero_count, check_counter, fit_statistics, usable_threshold
 from gradcomp.rng import chunk_counter, hash_counter, resolve_seed, uniform24
@@ -188,9 +188,27 @@ def lognormal_threshold(
     return fit_statistics(x, mask, sparsity, rule, backend=backend)[2]
 
 
-def lognormal_threshold_from_moments(moments: Tensor, numel: int | Tensor, sparsity: float) -> Tensor:
-    """Batched form: moments [..., 4] from `log_moments`, one threshold per leading index (float64)."""
+def lognormal_threshold_from_moments(
+    moments: Tensor, numel: int | Tensor, sparsity: float, backend: Backend = "auto"
+) -> Tensor:
+    """Batched form: moments [..., 4] from `log_moments` (float64), one threshold per leading index
+    (float64); numel an int or a tensor that broadcasts to the leading shape. On CUDA one kernel launch
+    (`lognormal_threshold`'s solve, equal to the torch path within 1e-6), no host sync."""
     _check_sparsity(sparsity)
+    if moments.dtype != torch.float64 or moments.dim() == 0 or moments.shape[-1] != 4:
+        raise ValueError(
+            f"moments must be float64 [..., 4] from log_moments, got {moments.dtype} {tuple(moments.shape)}"
+        )
+    if backend == "triton" or (backend == "auto" and moments.is_cuda and triton_available()):
+        from gradcomp.kernels.stats import thresholds_triton
+
+        lead = moments.shape[:-1]
+        rows = moments.reshape(-1, 4).contiguous()
+        if isinstance(numel, Tensor):
+            numel = numel.to(moments.device, torch.float64).expand(lead).reshape(-1).contiguous()
+        return thresholds_triton(rows, numel, sparsity).view(lead)
+    if backend not in ("auto", "torch"):
+        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     if moments.shape == (4,) and moments.device.type == "cpu" and not isinstance(numel, Tensor):
         return torch.tensor(_threshold_of_one_layer(moments.tolist(), numel, sparsity), dtype=torch.float64)
     target = _prunable_target(numel, moments[..., 0], moments[..., 3], sparsity)

@@ -1,0 +1,203 @@
+"""quantize_block, hadamard and the batched threshold at the edges of their range: values near float32's
+largest (the transform's sums), float16's largest, subnormals, 0-d tensors, argument types, names that read
+like torch's dtypes, and stochastic rounding unbiased under every rule it is allowed with; a property sweep
+over all of it on both backends."""
+
+import math
+
+import numpy as np
+import pytest
+import torch
+from helpers import kernel_can_hold, lognormal_gradient, same_bits
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from gradcomp import hadamard, log_moments, lognormal_threshold_from_moments, nm_prune, quantize_block
+from gradcomp.block_format import BlockFormat
+from gradcomp.ops.hadamard import hadamard_inverse
+from gradcomp.profiling import count_work
+
+FLOAT32_MAX = torch.finfo(torch.float32).max
+NVFP4 = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}
+SWEEP = settings(
+    max_examples=40,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
+)
+
+
+def _both(op, x: torch.Tensor, device: str, **options) -> torch.Tensor:
+    """op on the torch path, asserted equal bit for bit to its kernel's result."""
+    expected = op(x, backend="torch", **options)
+    got = op(x.to(device), backend="triton", **options).cpu()
+    assert same_bits(got, expected), options
+    return expected
+
+
+# --- the transform's range ----------------------------------------------------------------------------------
+def test_hadamard_of_large_values_does_not_overflow_before_it_normalises(kernel_device):
+    out = _both(hadamard, torch.full((32,), 2e37), kernel_device, block_size=32)
+    assert out[0].item() == pytest.approx(2e37 * math.sqrt(32), rel=1e-6) and (out[1:] == 0).all()
+    # a mix of +-3.4e38 and 1e38: every output whose exact value is a float32 is finite and right
+    x = torch.tensor([3.4e38, -3.4e38, 1e38, -1e38, 3.4e38, 1e38, -1e38, 0.0] * 4)
+    out = _both(hadamard, x, kernel_device, block_size=32, seed=3)
+    exact = x.double() @ hadamard(torch.eye(32), 32, seed=3).double()  # row i: the transform of e_i
+    representable = exact.abs() <= FLOAT32_MAX
+    assert torch.allclose(out.double()[representable], exact[representable], rtol=1e-6)
+    assert torch.isinf(out[~representable]).all() and not out.isnan().any()
+    forward = _both(hadamard, x / 8, kernel_device, block_size=32, seed=3)
+    back = _both(hadamard_inverse, forward, kernel_device, block_size=32, seed=3)
+    assert torch.allclose(back.double(), x.double() / 8, rtol=1e-5, atol=1e31)
+
+
+LARGE = [{"element": "e2m1fn", "hadamard": 32}, {**NVFP4, "hadamard": 16},
+         {"element": "e4m3fn", "hadamard": 8, "rounding": "stochastic"}]  # fmt: skip
+
+
+@pytest.mark.parametrize("options", LARGE)
+def test_quantize_block_with_the_transform_near_float32s_largest(kernel_device, options):
+    """MX and NVFP4 are exact under power-of-two scaling of the input, so a block near float32's largest
+    value is quantized as 2^60 times that block divided by 2^60 (up to saturation at float32's largest)."""
+    x = lognormal_gradient((8, 64), sigma=1.0, mu=0.0, specials=False)
+    x = x / x.abs().amax() * 3.0e38
+    out = _both(quantize_block, x, kernel_device, seed=2, **options)
+    assert torch.isfinite(out).all()
+    small = quantize_block(x * 2.0**-60, seed=2, **options).double() * 2.0**60
+    assert torch.equal(out.double(), small.clamp(-FLOAT32_MAX, FLOAT32_MAX))
+
+
+def test_float16_results_beyond_its_range_saturate(kernel_device):
+    """65504 in MXFP4 under the ceil rule rounds to 4 * 2^14 = 65536, beyond float16: it saturates."""
+    x = torch.full((2, 32), 65504.0, dtype=torch.float16)
+    for options in ({"scale_rule": "ceil"}, {"rounding": "stochastic"}, NVFP4, {"hadamard": 32}):
+        out = _both(quantize_block, x, kernel_device, **{"element": "e2m1fn", "seed": 1, **options})
+        assert torch.isfinite(out).all() and (out.abs() <= 65504).all(), options
+
+
+# --- stochastic rounding, unbiased wherever it is allowed ---------------------------------------------------
+UNBIASED = [{"element": "e2m1fn"}, {"element": "e2m1fn", "hadamard": 32}, NVFP4, {**NVFP4, "hadamard": 16},
+            {"element": "e4m3fn", "hadamard": 32}]  # fmt: skip
+
+
+@pytest.mark.parametrize("options", UNBIASED)
+def test_stochastic_rounding_is_unbiased_under_its_default_rule(options):
+    """The projection of E[out] on x, sum(E[out] x) / sum(x^2), is 1 within 5 standard errors of its mean
+    over 300 draws (with OCP's floor rule it was about 0.987 for MXFP4: far outside)."""
+    x = torch.randn(64, 64, generator=torch.Generator().manual_seed(0))
+    draws = torch.stack([quantize_block(x, rounding="stochastic", seed=s, **options) for s in range(300)])
+    projection = (draws.double() * x.double()).sum((1, 2)) / x.double().square().sum()
+    standard_error = projection.std() / math.sqrt(len(projection))
+    assert abs(projection.mean().item() - 1) <= 5 * standard_error.item() + 1e-9
+
+
+def test_the_floor_rule_is_refused_with_stochastic_rounding():
+    with pytest.raises(ValueError, match="biased"):
+        quantize_block(torch.ones(32), "e2m1fn", rounding="stochastic", scale_rule="floor")
+    assert BlockFormat("e2m1fn", 16, "e4m3fn", "ceil").label == "NVFP4 ceil"
+
+
+# --- arguments ----------------------------------------------------------------------------------------------
+def test_zero_dimensional_tensors_are_one_element(kernel_device):
+    x = torch.tensor(-3.3)
+    out = _both(quantize_block, x, kernel_device, element="e2m1fn")
+    assert out.shape == () and out.item() == -3.0
+    assert nm_prune(torch.tensor(2.0), 1, 2, seed=0).item() == 2.0
+    with pytest.raises(ValueError, match="multiple of 32"):
+        hadamard(torch.tensor(1.0))
+
+
+def test_axes_are_ints_numpy_ints_taken():
+    x = lognormal_gradient((4, 32), specials=False)
+    assert torch.equal(quantize_block(x, "e2m1fn", axis=np.int64(1)), quantize_block(x, "e2m1fn", axis=1))
+    for op in (lambda: quantize_block(x, "e2m1fn", axis=1.0), lambda: hadamard(x, axis=1.0),
+               lambda: nm_prune(x, axis=1.0, seed=0)):  # fmt: skip
+        with pytest.raises(TypeError, match="axis must be an int"):
+            op()
+
+
+@pytest.mark.parametrize(("name", "dtype"), [("e5m2", "float8_e5m2"), ("E4M3", "float8_e4m3")])
+def test_elements_that_read_like_torch_dtypes_are_refused(name, dtype):
+    with pytest.raises(ValueError, match=dtype):
+        quantize_block(torch.ones(32), name)
+
+
+# --- the batched threshold on the device --------------------------------------------------------------------
+def test_thresholds_from_moments_are_one_launch_and_the_fused_solve(kernel_device):
+    tensors = [
+        lognormal_gradient(4096, sigma=s, seed=i, specials=False) for i, s in enumerate((1.0, 2.0, 3.0))
+    ]
+    tensors[1][:3000] = 0.0
+    moments = torch.stack([log_moments(t) for t in tensors])
+    expected = lognormal_threshold_from_moments(moments, 4096, 0.8, backend="torch")
+    moments = moments.to(kernel_device)
+    got = lognormal_threshold_from_moments(moments, 4096, 0.8, backend="triton")
+    torch.testing.assert_close(got.cpu(), expected, rtol=1e-6, atol=0)
+    per_row = torch.full((3,), 4096, device=kernel_device)
+    assert torch.equal(lognormal_threshold_from_moments(moments, per_row, 0.8, backend="triton"), got)
+    with count_work() as work:
+        lognormal_threshold_from_moments(moments, 4096, 0.8, backend="triton")
+    assert work.total_launches == 1 and not work.syncs, str(work)
+
+
+# --- the sweep ----------------------------------------------------------------------------------------------
+@st.composite
+def extreme_tensors(draw) -> torch.Tensor:
+    """A (rows, 32 or 64) tensor of one kernel dtype whose magnitudes span its whole range: subnormals, the
+    largest values, tiny tensors (every value near the smallest) and zeros."""
+    dtype = draw(st.sampled_from([torch.float32, torch.float16, torch.bfloat16]))
+    info = torch.finfo(dtype)
+    low = math.floor(math.log2(info.smallest_normal)) - (10 if dtype == torch.float16 else 7)
+    high = math.floor(math.log2(info.max))
+    center = draw(st.integers(low, high))
+    spread = draw(st.integers(0, 12))
+    rows, columns = draw(st.integers(1, 3)), draw(st.sampled_from([32, 64]))
+    seed = draw(st.integers(0, 2**31 - 1))
+    generator = torch.Generator().manual_seed(seed)
+    exponent = (center - spread * torch.rand(rows, columns, generator=generator, dtype=torch.float64)).clamp(
+        low
+    )
+    mantissa = 1 + torch.rand(rows, columns, generator=generator, dtype=torch.float64)
+    sign = torch.where(torch.rand(rows, columns, generator=generator) < 0.5, -1.0, 1.0).double()
+    zero = torch.rand(rows, columns, generator=generator) < draw(st.sampled_from([0.0, 0.3]))
+    values = torch.where(zero, 0.0, sign * mantissa * torch.exp2(exponent))
+    x = values.clamp(-info.max, info.max).to(dtype)
+    return torch.where(kernel_can_hold(x), x, 0.0)
+
+
+BLOCK_OPTIONS = st.sampled_from(
+    [
+        {"element": "e2m1fn"},
+        {"element": "e2m1fn", "scale_rule": "ceil"},
+        {"element": "e4m3fn", "rounding": "stochastic"},
+        {"element": "float8_e5m2", "hadamard": 32},
+        {"element": "e3m2fn", "rounding": "stochastic", "hadamard": 16},
+        NVFP4,
+        {**NVFP4, "rounding": "stochastic", "hadamard": 16},
+        {**NVFP4, "hadamard": 8, "scale_rule": "ceil"},
+    ]
+)
+
+
+@SWEEP
+@given(x=extreme_tensors(), options=BLOCK_OPTIONS, seed=st.integers(0, 2**40))
+def test_sweep_quantize_block_is_finite_and_the_same_on_both_backends(kernel_device, x, options, seed):
+    out = _both(quantize_block, x, kernel_device, seed=seed, **options)
+    assert out.dtype == x.dtype and out.shape == x.shape
+    assert torch.isfinite(out).all()
+    assert ((out == 0) | (x != 0) | ("hadamard" in options)).all()  # zeros stay zeros without the transform
+
+
+@SWEEP
+@given(x=extreme_tensors(), size=st.sampled_from([2, 16, 32]), seed=st.none() | st.integers(0, 2**40))
+def test_sweep_hadamard_is_the_same_on_both_backends_and_inf_only_beyond_the_range(
+    kernel_device, x, size, seed
+):
+    out = _both(hadamard, x, kernel_device, block_size=size, seed=seed)
+    assert not out.isnan().any()
+    bound = x.double().abs().reshape(-1, size).amax(1) * math.sqrt(
+        size
+    )  # |H D v / sqrt(n)| <= sqrt(n) max|v|
+    fits = (bound <= torch.finfo(x.dtype).max / 1.01).repeat_interleave(size).view(x.shape)
+    assert torch.isfinite(out[fits]).all()
