@@ -108,10 +108,10 @@ def test_detach_restores_exact_gradients():
 
 def test_default_placement_follows_each_paper():
     model = create_model("resnet18", num_classes=10, in_chans=1)
-    layers = {
-        spec: [layer.name for layer in attach(model, spec).layers]
-        for spec in ("prune", "fp", "int", "none", "prune+int")
-    }
+    layers = {}
+    for spec in ("prune", "fp", "int", "none", "prune+int"):
+        with attach(model, spec) as handle:
+            layers[spec] = [layer.name for layer in handle.layers]
     assert layers["prune"] == layers["fp"] and "fc" not in layers["prune"] and len(layers["prune"]) == 20
     assert layers["int"] == layers["none"] == layers["prune+int"] == [*layers["prune"], "fc"]
 

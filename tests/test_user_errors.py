@@ -144,6 +144,40 @@ def test_a_command_line_error_exits_with_status_2():
     ]
 
 
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        ["train", "--lr", "-1"],
+        ["train", "--lr", "nan"],
+        ["train", "--lr", "0"],
+        ["train", "--device", "tpu"],
+        ["train", "--device", "cuda"],  # where torch sees no GPU
+        ["train", "--epochs", "0"],
+        ["train", "--seed", "1.5"],
+        ["train", "--dataset", "mnist"],
+        ["train", "--refresh", "0"],
+        ["train", "--resume", "--overwrite"],
+        ["run", "--job", "[1]"],
+        ["run", "--job", '[{"run": "a", "seed": 0, "out": "a", "spec": {"device": "cuda"}}]'],
+        ["compute", "Z9", "--out-dir", "out"],
+        ["compute", "A1", "--out-dir", "out", "--runs", "a=folder"],
+        ["draw"],
+    ],
+    ids=" ".join,
+)
+def test_every_bad_request_is_one_line_and_status_2_before_any_work(arguments, tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    monkeypatch.setattr("torch.cuda.device_count", lambda: 0)
+    try:
+        status = main(arguments)
+    except SystemExit as stop:  # argparse's errors
+        status = stop.code
+    error = capsys.readouterr().err
+    assert status == 2 and error.startswith("gradcomp: error: ") and error.count("\n") == 1, error
+    assert not any(tmp_path.iterdir())
+
+
 def test_schema_violations_are_one_line_each():
     config = default_config()
     config.update(gpus=-1, trian={})

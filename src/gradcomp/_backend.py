@@ -12,10 +12,11 @@ from typing import Literal
 import torch
 from torch import Tensor
 
+from gradcomp import choices
 from gradcomp.profiling import counting
 
 Backend = Literal["auto", "torch", "triton"]
-KERNEL_DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+KERNEL_DTYPES = tuple(getattr(torch, name) for name in choices.KERNEL_DTYPES)
 
 
 def interpreter_enabled() -> bool:

@@ -33,7 +33,9 @@ from (seed, step, layer, stream), so compression never draws from torch's global
 from __future__ import annotations
 
 import fnmatch
+import functools
 import math
+import sys
 import warnings
 import weakref
 from collections.abc import Callable, Sequence
@@ -42,11 +44,12 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from gradcomp import choices
 from gradcomp._backend import Backend
-from gradcomp.compress import GradientCopy, LayerStats, compress, plan
+from gradcomp.compress import GradientCopy, LayerStats, check_dtype, compress, plan
 from gradcomp.config import CompressionConfig
 from gradcomp.policies import Chain, Policy
-from gradcomp.rng import mix32
+from gradcomp.rng import mix32, resolve_seed
 
 LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
     "conv": (nn.Conv1d, nn.Conv2d, nn.Conv3d),
@@ -57,6 +60,8 @@ LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
 GradientObserver = Callable[[str, Tensor, Tensor | None], None]
 StepHook = Callable[["Attachment", int], None]  # sees (attachment, step) as each step begins
 Reduce = Callable[[Tensor], Tensor]  # sums a tensor over training processes
+# the attachment holding each attached layer: a second one on the same layer would compress twice
+_ATTACHED: weakref.WeakKeyDictionary[nn.Module, Attachment] = weakref.WeakKeyDictionary()
 
 
 @dataclass
@@ -83,10 +88,10 @@ class Attachment:
     """Handle returned by `attach`: counts steps and refreshes statistics on the schedule, reports them
     (`sparsity`, `layer_summary`), calls step hooks, and detaches (`detach`, or leaving a `with` block)."""
 
-    def __init__(self, config: CompressionConfig, seed: int, backend: Backend = "auto") -> None:
+    def __init__(self, config: CompressionConfig, seed: int | None = 0, backend: Backend = "auto") -> None:
         self.config = config
-        self.seed = seed
-        self.backend = backend
+        self.seed = resolve_seed(seed)
+        self.backend = choices.choose("backend", backend, choices.BACKENDS)
         self.layers: list[LayerState] = []
         self.observers: list[GradientObserver] = []
         self.step = 0
@@ -433,14 +438,7 @@ def select_layers(
     unknown = set(types) - set(LAYER_TYPES)
     if unknown:
         raise ValueError(f"unknown layer types {sorted(unknown)}; choose from {sorted(LAYER_TYPES)}")
-    classes = tuple(cls for t in types for cls in LAYER_TYPES[t])
-    chosen = [
-        (name, module)
-        for name, module in model.named_modules()
-        if isinstance(module, classes)
-        and any(fnmatch.fnmatchcase(name, p) for p in include)
-        and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
-    ]
+    chosen = _matching(model, tuple(cls for t in types for cls in LAYER_TYPES[t]), include, exclude)
     if not chosen:
         raise ValueError(
             f"no layer of types {list(types)} matches include={list(include)} exclude={list(exclude)}"
@@ -448,8 +446,23 @@ def select_layers(
     return chosen
 
 
+def _matching(
+    model: nn.Module, classes: tuple[type[nn.Module], ...], include: Sequence[str], exclude: Sequence[str]
+) -> list[tuple[str, nn.Module]]:
+    return [
+        (name, module)
+        for name, module in model.named_modules()
+        if isinstance(module, classes)
+        and any(fnmatch.fnmatchcase(name, p) for p in include)
+        and not any(fnmatch.fnmatchcase(name, p) for p in exclude)
+    ]
+
+
 def attach(
-    model: nn.Module, config: CompressionConfig | Policy | str, seed: int = 0, backend: Backend = "auto"
+    model: nn.Module,
+    config: CompressionConfig | Policy | str,
+    seed: int | None = 0,
+    backend: Backend = "auto",
 ) -> Attachment:
     """Compress the neural gradients of the layers of `model` that `config` selects (see the module doc);
     a policy (or policy string) alone compresses at its own placement, refreshing statistics every step.
@@ -457,22 +470,42 @@ def attach(
     counts the steps itself (or follows `begin_step`), reports statistics and detaches, also as a context
     manager: ``with attach(model, "prune:sparsity=0.85") as handle: ...``.
 
-    `seed` keys the random bits: each element's depend on (seed, step, layer, stream) only. `backend` chooses
-    the ops' implementation ("auto": the Triton kernels on CUDA; "triton" forces them, e.g. on CPU tensors
-    under TRITON_INTERPRET=1 to count their launches; "torch").
+    `seed` keys the random bits: each element's depend on (seed, step, layer, stream) only (None draws a
+    seed from torch's generator, as the ops do). `backend` chooses the ops' implementation ("auto": the
+    Triton kernels on CUDA; "triton" forces them, e.g. on CPU tensors under TRITON_INTERPRET=1 to count their
+    launches; "torch").
+
+    What would fail at the first backward pass, or do nothing, fails here: a seed that is no integer, an
+    unknown backend, layers of a dtype the policy cannot compute in, a compiled model, layers another
+    attachment holds (detach it first). A policy whose own placement selects under half of the model's
+    convolution and linear layers (prune or fp on a transformer) warns, naming `layer_types`.
     """
+    if not isinstance(model, nn.Module):
+        raise TypeError(f"attach takes a torch.nn.Module, got {type(model).__name__}")
+    _check_not_compiled(model)
     if not isinstance(config, CompressionConfig):
         config = CompressionConfig(policy=config)
     attachment = Attachment(config, seed, backend)
+    chosen = select_layers(model, config.types, config.include, config.exclude)
+    taken = [name for name, module in chosen if module in _ATTACHED]
+    if taken:
+        raise RuntimeError(
+            f"{len(taken)} of the layers (e.g. {taken[0]!r}) already have an attachment: call its detach() "
+            "(or attach in a with block) before attaching again, or each backward pass compresses twice"
+        )
+    for name, module in chosen:
+        floats = [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
+        if floats:  # the layer's gradients come in its parameters' dtype
+            check_dtype(config.policy, floats[0].dtype, f"layer {name!r}")
+    if config.layer_types is None:
+        _warn_small_share(model, config, chosen)
     attachment._undo.append(model.register_forward_pre_hook(attachment._auto_step).remove)
-    for index, (name, module) in enumerate(
-        select_layers(model, config.types, config.include, config.exclude)
-    ):
+    for index, (name, module) in enumerate(chosen):
         layer = LayerState(name, index, 1 if isinstance(module, LAYER_TYPES["conv"]) else -1)
         attachment.layers.append(layer)
+        _ATTACHED[module] = attachment
+        attachment._undo.append(functools.partial(_ATTACHED.pop, module, None))
         if config.policy.two_streams:
-            if config.placement != "output":
-                raise ValueError("two-stream policies (int) act on layer outputs; use placement='output'")
             attachment._undo.append(_wrap_forward(module, attachment, layer))
         elif config.placement == "output":
             handle = module.register_forward_hook(_output_hook(attachment, layer))
@@ -485,6 +518,44 @@ def attach(
             if isinstance(module, LAYER_TYPES["bn"]):
                 attachment._undo.extend(_track_bn_output(module, attachment))
     return attachment
+
+
+def _check_not_compiled(model: nn.Module) -> None:
+    """Hooks added to a compiled model are not in its compiled graph (the one-stream policies would compress
+    nothing, silently): refuse a model that is, or holds, a module compiled by torch.compile."""
+    eval_frame = sys.modules.get("torch._dynamo.eval_frame")  # not imported: nothing is compiled
+    for name, module in model.named_modules():
+        if (
+            (eval_frame is not None and isinstance(module, eval_frame.OptimizedModule))
+            or getattr(module, "_compiled_call_impl", None) is not None  # module.compile()
+            or hasattr(module.__dict__.get("forward"), "_torchdynamo_orig_callable")  # forward replaced
+        ):
+            raise RuntimeError(
+                f"{f'its module {name!r}' if name else 'the model'} is compiled by torch.compile: attach to "
+                "the model before compiling it (compression hooks added later are not in the compiled graph)"
+            )
+
+
+def _warn_small_share(
+    model: nn.Module, config: CompressionConfig, chosen: list[tuple[str, nn.Module]]
+) -> None:
+    """A policy's own placement is its paper's (convolutions for prune and fp), which on another
+    architecture may miss most GEMMs (a ViT's linear layers): the figures would then describe a few layers
+    while reading as the whole model's."""
+    gemms = _matching(model, LAYER_TYPES["conv"] + LAYER_TYPES["linear"], config.include, config.exclude)
+    covered = {name for name, _ in chosen}
+    missed = [name for name, _ in gemms if name not in covered]
+    if 2 * len(missed) <= len(gemms):
+        return
+    warnings.warn(
+        f"gradcomp.attach: {config.policy.label} acts on {' and '.join(config.types)} layers (its paper's "
+        f"placement), {len(gemms) - len(missed)} of the model's {len(gemms)} convolution and linear layers: "
+        f"the other {len(missed)} (e.g. {', '.join(missed[:3])}) keep exact gradients and sparsity() counts "
+        "none of them; layer_types=['conv', 'linear'] (CompressionConfig, or the layer_types config key) "
+        "compresses them too",
+        UserWarning,
+        stacklevel=3,
+    )
 
 
 def _output_hook(attachment: Attachment, layer: LayerState):

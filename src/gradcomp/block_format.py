@@ -31,12 +31,10 @@ import math
 import struct
 from dataclasses import dataclass, field
 
+from gradcomp.choices import BLOCK_SCALES, MAX_BLOCK, SCALE_RULES, is_integer
 from gradcomp.formats import DTYPE_FORMATS, DTYPE_LOOKALIKES, FPFormat, parse_format
 
-BLOCK_SCALES = ("e8m0fnu", "e4m3fn")
-SCALE_RULES = ("floor", "ceil")
 SCALE_BITS = 8  # both scale formats
-MAX_BLOCK = 256  # block sizes and transform sizes: powers of two up to this
 NVFP4_SCALE_MAX = 448.0  # E4M3's largest value: the per-tensor scale puts the largest block scale there
 NVFP4_SCALE_MIN = 2.0**-6  # block scales are clamped here from below (E4M3's smallest normal, as torchao)
 # the per-tensor scale is at least this, so that times the smallest block scale it is a normal float32
@@ -47,12 +45,7 @@ E4M3_ULP_BITS = (
 
 
 def _power_of_two(value: object, low: int) -> bool:
-    return (
-        isinstance(value, int)
-        and not isinstance(value, bool)
-        and low <= value <= MAX_BLOCK
-        and value & (value - 1) == 0
-    )
+    return is_integer(value) and low <= value <= MAX_BLOCK and value & (value - 1) == 0
 
 
 @dataclass(frozen=True)

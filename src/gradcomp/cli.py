@@ -1,19 +1,24 @@
 """`gradcomp <verb>` (also `python -m gradcomp <verb>`): the entry point every pipeline rule calls.
 
 Verbs import what they need when they run, so that e.g. `gradcomp draw` does not load torch. A mistake in
-what was asked for (a config value, a path, a folder holding a previous run) prints one line,
-`gradcomp: error: ...`, and exits with status 2; `--debug` shows the traceback instead.
+what was asked for (a flag's value, a config value, a path, a folder holding a previous run) prints one line,
+`gradcomp: error: ...`, and exits with status 2 before any work; `--debug` shows the traceback instead.
+Flags are checked as the config keys they set are (`gradcomp.choices`), when the command line is parsed.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import sys
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any, NoReturn
 
 from gradcomp import __version__
-from gradcomp.config import ConfigError
+from gradcomp.choices import DEVICES, choose, device, integer, positive
+from gradcomp.config import ConfigError, TrainConfig
 from gradcomp.datasets import DATASETS
 
 # what a user can get wrong; other exceptions are bugs and keep their traceback. DatasetNotFound, a missing
@@ -35,6 +40,20 @@ def _info(args: argparse.Namespace) -> None:
     print(f"ops on CUDA tensors run: {route}; ops on CPU tensors run: vectorised torch, {cpu}")
 
 
+def _check_device(config: TrainConfig) -> None:
+    """A CUDA device where there is none fails now, in one line, rather than at the first tensor moved."""
+    if not config.device.startswith("cuda"):
+        return
+    import torch
+
+    count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if int(config.device.partition(":")[2] or 0) >= count:
+        raise ConfigError(
+            f"device {config.device}: torch sees {count} CUDA devices (torch.cuda.is_available() is "
+            f"{torch.cuda.is_available()}); use --device cpu, or auto (CUDA where available)"
+        )
+
+
 def _train(args: argparse.Namespace) -> None:
     import os
 
@@ -46,6 +65,7 @@ def _train(args: argparse.Namespace) -> None:
     overrides["overwrite"] = args.overwrite or None
     overrides["progress"] = args.progress
     config = resolve_config(args.config, **overrides)
+    _check_device(config)
     try:
         summary = train(config)
     except TrainingInterrupted as stop:  # SIGTERM/SIGINT: a message, not a traceback (exit status 1)
@@ -71,11 +91,13 @@ def _run(args: argparse.Namespace) -> None:
     from gradcomp.config import resolve_config
     from gradcomp.train import train
 
-    items = json.loads(args.job)
+    items = args.job
     configs = [
         resolve_config(None, **{**item["spec"], "out": item["out"], "resume": True, "progress": False})
         for item in items
     ]
+    for config in configs:
+        _check_device(config)
     main = os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 alone reports
     trained = []
     for index, (item, config) in enumerate(zip(items, configs, strict=True), start=1):
@@ -116,20 +138,8 @@ def _experiment(experiment_id: str):
 
     registry = experiments()
     if experiment_id not in registry:
-        raise SystemExit(f"unknown experiment {experiment_id!r}; known: {', '.join(registry)}")
+        raise ConfigError(f"unknown experiment {experiment_id!r}; known: {', '.join(registry)}")
     return registry[experiment_id]
-
-
-def _run_folders(items: list[str]) -> dict[str, dict[int, Path]]:
-    """RUN:SEED=FOLDER items -> run -> seed -> folder."""
-    folders: dict[str, dict[int, Path]] = {}
-    for item in items:
-        key, sep, folder = item.partition("=")
-        run, colon, seed = key.rpartition(":")
-        if not (sep and colon and seed.isdigit()):
-            raise SystemExit(f"--runs items are RUN:SEED=FOLDER, got {item!r}")
-        folders.setdefault(run, {})[int(seed)] = Path(folder)
-    return folders
 
 
 def _compute(args: argparse.Namespace) -> None:
@@ -139,9 +149,15 @@ def _compute(args: argparse.Namespace) -> None:
     from gradcomp.analysis.tables import write_result
 
     experiment = _experiment(args.id)
-    section = json.loads(Path(args.settings).read_text()) if args.settings else {}
-    settings = experiment.params.from_config(section, f"experiments.{args.id}")
-    groups = load_groups(_run_folders(args.runs))
+    try:
+        section = json.loads(Path(args.settings).read_text()) if args.settings else {}
+        settings = experiment.params.from_config(section, f"experiments.{args.id}")
+    except ValueError as error:  # not JSON, or a setting the experiment refuses
+        raise ConfigError(f"--settings {args.settings}: {error}") from error
+    folders: dict[str, dict[int, Path]] = {}
+    for run, seed, folder in args.runs:
+        folders.setdefault(run, {})[seed] = folder
+    groups = load_groups(folders)
     np.random.seed(0)  # anything drawing from numpy's global generator: same inputs, same numbers
     result = experiment.compute(settings, groups)
     record = write_result(result, experiment.id, experiment.title, Path(args.out_dir) / experiment.prefix)
@@ -178,27 +194,78 @@ def _page(args: argparse.Namespace) -> None:
 
 DEBUG_HELP = "on an error, show the traceback instead of the one-line message"
 
-# flag -> (type, help); each overrides the config key of the same name
-TRAIN_FLAGS = {
-    "model": (str, "timm model name (default: per dataset, e.g. resnet18)"),
-    "dataset": (str, " | ".join(DATASETS)),
-    "data_dir": (str, "dataset location (CIFAR/ImageNet; Fashion-MNIST defaults to the Debian package)"),
-    "policy": (str, "NAME[:key=value,...][+NAME...], e.g. prune:sparsity=0.85 or int:bits=5,scheme=bhq"),
-    "epochs": (int, "training epochs"),
-    "max_steps": (int, "stop after this many optimizer steps"),
-    "batch_size": (int, "global training batch size (under torchrun split evenly over the processes)"),
-    "lr": (float, "peak learning rate"),
-    "seed": (int, "random seed (data order, init, compression)"),
-    "out": (str, "output directory"),
-    "subset_per_class": (int, "train on the first N images of each class"),
-    "refresh": (str, "statistics refresh: step | epoch | K (every K steps)"),
-    "device": (str, "auto | cpu | cuda"),
-    "checkpoint_every": (int, "also checkpoint every N steps (every epoch in any case)"),
+# flag -> (help, the `gradcomp.choices` check and its bounds, or () where the config checks the value whole);
+# each overrides the config key of the same name
+TRAIN_FLAGS: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "model": ("timm model name (default: per dataset, e.g. resnet18)", ()),
+    "dataset": (" | ".join(DATASETS), (choose, tuple(DATASETS))),
+    "data_dir": ("dataset location (CIFAR/ImageNet; Fashion-MNIST defaults to the Debian package)", ()),
+    "policy": ("NAME[:key=value,...][+NAME...], e.g. prune:sparsity=0.85 or int:bits=5,scheme=bhq", ()),
+    "epochs": ("training epochs", (integer, 1)),
+    "max_steps": ("stop after this many optimizer steps", (integer, 1)),
+    "batch_size": ("global training batch size (split evenly over torchrun's processes)", (integer, 1)),
+    "lr": ("peak learning rate (finite, > 0)", (positive,)),
+    "seed": ("random seed (data order, init, compression), >= 0", (integer, 0)),
+    "out": ("output directory", ()),
+    "subset_per_class": ("train on the first N images of each class", (integer, 1)),
+    "refresh": ("statistics refresh: step | epoch | K (every K steps)", ()),
+    "device": (" | ".join(DEVICES) + " | cuda:K", (device,)),
+    "checkpoint_every": ("also checkpoint every N steps (every epoch in any case)", (integer, 1)),
 }
 
 
+def _number(text: str) -> int | float | str:
+    """A flag's text as the number it spells, else as it is (for the check to refuse, naming it)."""
+    for kind in (int, float):
+        with contextlib.suppress(ValueError):
+            return kind(text)
+    return text
+
+
+def _checked(name: str, check: Callable[..., Any], *bounds: Any) -> Callable[[str], Any]:
+    """An argparse type: the flag's value checked as the config checks its key, so that a bad value is
+    argparse's one-line error."""
+
+    def convert(text: str) -> Any:
+        try:
+            return check(name, _number(text), *bounds)
+        except ValueError as error:
+            raise argparse.ArgumentTypeError(str(error)) from None
+
+    return convert
+
+
+JOB_KEYS = {"run", "seed", "out", "spec"}
+JOB_HELP = 'a JSON list of {"run": NAME, "seed": K, "out": FOLDER, "spec": {training config keys}}'
+
+
+def _job(text: str) -> list[dict[str, Any]]:
+    """--job: a JSON list of {"run", "seed", "out", "spec"} items."""
+    with contextlib.suppress(json.JSONDecodeError):
+        items = json.loads(text)
+        if isinstance(items, list) and all(isinstance(i, dict) and set(i) >= JOB_KEYS for i in items):
+            return items
+    raise argparse.ArgumentTypeError(f"expected {JOB_HELP}, got {text!r}")
+
+
+def _run_folder(item: str) -> tuple[str, int, Path]:
+    """A --runs item, RUN:SEED=FOLDER."""
+    key, sep, folder = item.partition("=")
+    run, colon, seed = key.rpartition(":")
+    if not (sep and colon and seed.isdigit()):
+        raise argparse.ArgumentTypeError(f"items are RUN:SEED=FOLDER, got {item!r}")
+    return run, int(seed), Path(folder)
+
+
+class _Parser(argparse.ArgumentParser):
+    """argparse, whose mistakes are one line too (not its usage and the verb's name first)."""
+
+    def error(self, message: str) -> NoReturn:
+        self.exit(2, f"gradcomp: error: {message}\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="gradcomp", description=__doc__)
+    parser = _Parser(prog="gradcomp", description=__doc__)
     parser.add_argument("--version", action="version", version=f"gradcomp {__version__}")
     debug = argparse.ArgumentParser(add_help=False)  # --debug before or after the verb
     debug.add_argument("--debug", action="store_true", default=argparse.SUPPRESS, help=DEBUG_HELP)
@@ -213,7 +280,8 @@ def build_parser() -> argparse.ArgumentParser:
         "train", parents=[debug], help="train a timm model with compressed neural gradients"
     )
     train.add_argument("--config", help="YAML file of training config keys (flags override it)")
-    for flag, (kind, text) in TRAIN_FLAGS.items():
+    for flag, (text, check) in TRAIN_FLAGS.items():
+        kind = _checked(flag, *check) if check else str
         train.add_argument("--" + flag.replace("_", "-"), dest=flag, type=kind, help=text)
     previous = train.add_mutually_exclusive_group()
     previous.add_argument(
@@ -232,11 +300,7 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[debug],
         help="a pipeline training job: runs at seeds one after the other (each resumes from its checkpoint)",
     )
-    run.add_argument(
-        "--job",
-        required=True,
-        help='JSON list of {"run": NAME, "seed": K, "out": FOLDER, "spec": {training config keys}}',
-    )
+    run.add_argument("--job", required=True, type=_job, help=JOB_HELP)
     run.add_argument(
         "--manifest", help="JSON file written at the end: each pair's folder, accuracy and times"
     )
@@ -247,7 +311,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     compute.add_argument("id", help="experiment ID, e.g. A5")
     compute.add_argument("--settings", help="JSON file: the experiment's config section (default: none)")
-    compute.add_argument("--runs", nargs="*", default=[], help="RUN:SEED=FOLDER of finished training runs")
+    compute.add_argument(
+        "--runs", nargs="*", default=[], type=_run_folder, help="RUN:SEED=FOLDER of finished training runs"
+    )
     compute.add_argument("--out-dir", required=True)
     compute.set_defaults(run=_compute)
 

@@ -24,6 +24,7 @@ from torch import Tensor
 
 from gradcomp import fp_theory
 from gradcomp._backend import Backend
+from gradcomp.choices import KERNEL_DTYPES, integer
 from gradcomp.formats import FPFormat
 from gradcomp.lognormal import cosine_threshold, expected_sparsity, fit_lognormal, truncation_k
 from gradcomp.ops import (
@@ -40,6 +41,7 @@ from gradcomp.ops import (
 from gradcomp.ops.int_quant import quantize_columns
 from gradcomp.ops.stats import FIT_FIELDS, Calibration, add_zero_count, fit_statistics, log2_scale
 from gradcomp.policies import NM, Block, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
+from gradcomp.rng import resolve_seed
 
 _LN2 = math.log(2.0)
 CHAIN_SEED_STRIDE = 7919  # member k of a chain draws its random bits from seed + k * CHAIN_SEED_STRIDE
@@ -65,6 +67,11 @@ class GradientCopy:
     layer: str = ""  # the layer's name (per-group settings)
     feature_axis: int = -1  # the axis of the output features (N:M blocks run along it)
     backend: Backend = "auto"
+
+    def __post_init__(self) -> None:
+        """A seed of None draws one (as the ops do); numpy integers are taken as ints."""
+        object.__setattr__(self, "seed", resolve_seed(self.seed))
+        object.__setattr__(self, "feature_axis", integer("feature_axis", self.feature_axis))
 
 
 @dataclass
@@ -125,6 +132,23 @@ class LayerStats:
         known = {f.name for f in dataclasses.fields(cls)} - {"parts"}
         values = {key: value for key, value in state.items() if key in known}
         return cls(**values, parts=[cls.from_state(part) for part in state.get("parts", [])])
+
+
+# the gradient dtypes a policy's ops take, where not every float dtype: quantize_block computes in float32
+POLICY_DTYPES: dict[type[Policy], tuple[str, ...]] = {Block: KERNEL_DTYPES}
+
+
+def check_dtype(policy: Policy, dtype: torch.dtype, where: str) -> None:
+    """Refuse a gradient dtype that `policy` (or a member of the chain) cannot compute in, before its first
+    backward pass fails inside autograd."""
+    name = str(dtype).removeprefix("torch.")
+    for member in policy.policies if isinstance(policy, Chain) else (policy,):
+        accepted = POLICY_DTYPES.get(type(member), (name,))
+        if name not in accepted:
+            raise TypeError(
+                f"{member.label} takes {', '.join(accepted)} gradients, and {where} is {name}: convert the "
+                "model (e.g. model.float()) or choose another policy"
+            )
 
 
 Compressor = Callable[[Policy, GradientCopy, LayerStats], Tensor]

@@ -21,10 +21,22 @@ from typing import Any
 
 import yaml
 
+from gradcomp.choices import (
+    LAYER_TYPES,
+    LR_SCHEDULES,
+    OPTIMIZERS,
+    PLACEMENTS,
+    REFRESHES,
+    STEMS,
+    choose,
+    device,
+    integer,
+    is_integer,
+    positive,
+    typed,
+)
 from gradcomp.datasets import DATASETS, lookup
-from gradcomp.policies import NoCompression, Policy, parse_policy
-
-PLACEMENTS = ("output", "input")
+from gradcomp.policies import Chain, NoCompression, Policy, parse_policy
 
 
 class ConfigError(ValueError):
@@ -60,17 +72,22 @@ class CompressionConfig:
                 raise ValueError(f"compression {key} must be a list of names, got the string {value!r}")
             if value is not None:
                 object.__setattr__(self, key, tuple(value))
-        if self.placement not in PLACEMENTS:
-            raise ValueError(f"placement must be 'output' or 'input', got {self.placement!r}")
-        if isinstance(self.refresh, str) and self.refresh.isdigit():
-            object.__setattr__(self, "refresh", int(self.refresh))
-        valid = self.refresh in ("step", "epoch") or (
-            isinstance(self.refresh, int) and not isinstance(self.refresh, bool) and self.refresh >= 1
-        )
-        if not valid:
-            raise ValueError(f"refresh must be 'step', 'epoch' or a positive integer, got {self.refresh!r}")
-        if not isinstance(self.warmup_steps, int) or self.warmup_steps < 0:
-            raise ValueError(f"warmup_steps must be an integer >= 0, got {self.warmup_steps!r}")
+        for kind in self.layer_types or ():
+            choose("layer_types", kind, LAYER_TYPES)
+        choose("placement", self.placement, PLACEMENTS)
+        members = self.policy.policies if isinstance(self.policy, Chain) else (self.policy,)
+        two_streams = [member for member in members if member.two_streams]
+        if two_streams and self.placement != "output":  # they wrap the layer's forward: its output
+            raise ValueError(
+                f"{two_streams[0].label} ({two_streams[0].name} policy) compresses the input- and "
+                "weight-gradient GEMMs' copies of a layer's output gradient separately: it needs "
+                f"placement='output', got {self.placement!r}"
+            )
+        refresh = int(self.refresh) if str(self.refresh).isdigit() else self.refresh  # "10" from a flag
+        if refresh not in REFRESHES and not (is_integer(refresh) and refresh >= 1):
+            raise ValueError(f"refresh must be 'step', 'epoch' or an integer >= 1, got {self.refresh!r}")
+        object.__setattr__(self, "refresh", refresh if isinstance(refresh, str) else int(refresh))
+        object.__setattr__(self, "warmup_steps", integer("warmup_steps", self.warmup_steps, 0))
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -83,8 +100,6 @@ class CompressionConfig:
         values["policy"] = self.policy.describe()
         return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
-
-STEMS = ("model", "3x3", "3x3s2")  # the model's own first layers, or a small-image ResNet stem (models.py)
 
 COMPRESSION_KEYS = tuple(f.name for f in dataclasses.fields(CompressionConfig))
 
@@ -127,30 +142,6 @@ def check_model_name(name: str) -> None:
     close = difflib.get_close_matches(name, known, n=3)
     hint = f"; did you mean {', '.join(close)}?" if close else " (see timm.list_models())"
     raise ConfigError(f"unknown timm model {name!r}{hint}")
-
-
-# annotation -> accepted Python types, for the type check of TrainConfig's plain fields
-_TYPES: dict[str, tuple[type, ...]] = {
-    "str": (str,),
-    "int": (int,),
-    "float": (int, float),
-    "bool": (bool,),
-    "dict": (dict,),
-    "list": (list,),
-    "None": (type(None),),
-}
-
-
-def _check_type(name: str, annotation: str, value: Any) -> None:
-    """A YAML value of the wrong type (epochs: "3", lr: [0.1]) fails here, naming the key, rather than
-    deep inside training."""
-    options = [option.strip() for option in annotation.split("|")]
-    if not all(option in _TYPES for option in options):
-        return  # a typed object (CompressionConfig) checks itself
-    accepted = tuple(kind for option in options for kind in _TYPES[option])
-    is_bool = isinstance(value, bool)
-    if not isinstance(value, accepted) or (is_bool and bool not in accepted):
-        raise ValueError(f"{name} must be {annotation}, got {value!r}")
 
 
 @dataclass
@@ -200,8 +191,8 @@ class TrainConfig:
     def __post_init__(self) -> None:
         if isinstance(self.compression, Mapping):
             self.compression = CompressionConfig(**self.compression)
-        for item in dataclasses.fields(self):
-            _check_type(item.name, item.type, getattr(self, item.name))
+        for item in dataclasses.fields(self):  # a YAML value of the wrong type (epochs: "3") fails here
+            setattr(self, item.name, typed(item.name, item.type, getattr(self, item.name)))
         check_model_name(self.model)
         lookup(self.dataset)  # a known dataset
         if self.uncompressed_epochs is not None:
@@ -211,18 +202,16 @@ class TrainConfig:
                 raise ValueError("give the warm-up as warmup_steps or as uncompressed_epochs, not both")
         if self.resume and self.overwrite:
             raise ValueError("resume and overwrite exclude each other: continue the run or replace it")
-        if self.optimizer not in ("sgd", "adamw"):
-            raise ValueError(f"optimizer must be sgd or adamw, got {self.optimizer!r}")
-        if self.stem not in STEMS:
-            raise ValueError(f"stem must be one of {', '.join(STEMS)}, got {self.stem!r}")
-        if self.lr_schedule not in ("cosine", "step", "constant"):
-            raise ValueError(f"lr_schedule must be cosine, step or constant, got {self.lr_schedule!r}")
-        for name in ("epochs", "batch_size", "eval_batch_size", "log_every"):
-            if getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
-        for name in ("max_steps", "checkpoint_every"):
-            if getattr(self, name) is not None and getattr(self, name) < 1:
-                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        choose("optimizer", self.optimizer, OPTIMIZERS)
+        choose("stem", self.stem, STEMS)
+        choose("lr_schedule", self.lr_schedule, LR_SCHEDULES)
+        device("device", self.device)
+        for name in ("epochs", "batch_size", "eval_batch_size", "log_every", "max_steps", "checkpoint_every",
+                     "subset_per_class", "test_subset_per_class"):  # fmt: skip
+            if getattr(self, name) is not None:  # counts
+                integer(name, getattr(self, name), 1)
+        positive("lr", self.lr)
+        integer("seed", self.seed, 0)
 
     @property
     def policy(self) -> Policy:

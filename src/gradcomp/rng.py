@@ -17,6 +17,8 @@ from typing import NamedTuple
 import torch
 from torch import Tensor
 
+from gradcomp.choices import is_integer
+
 MASK32 = 0xFFFFFFFF
 MIX1, MIX2 = 0x7FEB352D, 0x846CA68B
 SIGN_COUNTER = 1 << 62  # counters of the Hadamard transform's signs: beyond any element index
@@ -48,11 +50,13 @@ def fresh_seed() -> int:
 
 
 def resolve_seed(seed: int | None) -> int:
+    """`seed` as an int (numpy integers taken), or a fresh one for None. A bool, float or string is a
+    TypeError: it would key the random bits by accident (True is 1, 2.0 fails deep inside the mixing)."""
     if seed is None:
         return fresh_seed()
-    if not isinstance(seed, int) or isinstance(seed, bool):
-        raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
-    return seed
+    if not is_integer(seed):
+        raise TypeError(f"seed must be an integer or None, got {seed!r}")
+    return int(seed)
 
 
 def as_int32(value: int) -> int:

@@ -49,10 +49,11 @@ from gradcomp.analysis.seeds import (
 )
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import BETTER, Comparison, Pair, compare, one_sample, summarise
+from gradcomp.choices import INT_SCHEMES
 from gradcomp.data import load_split
 from gradcomp.experiments import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
 
-SCHEMES = ("ptq", "psq", "bhq")
+SCHEMES = INT_SCHEMES
 NAMES = {scheme: scheme.upper() for scheme in SCHEMES}
 Batch = tuple[Tensor, Tensor]
 

@@ -1,6 +1,7 @@
 """Triton kernels of `gradcomp.ops.quantize_luq`: the largest finite magnitude (one pass writing a maximum
-per program, one program turning them into alpha and the underflow's keep scale), then one elementwise
-launch per SMP sample, the last of which averages, writes x's dtype and counts the zeros."""
+per program, one program turning them into alpha, the underflow's keep scale and alpha, and the SMP sum's
+scale), then one elementwise launch per SMP sample, the last of which averages, writes x's dtype and counts
+the zeros."""
 
 from __future__ import annotations
 
@@ -9,9 +10,11 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gradcomp._backend import compute_layout
 from gradcomp.kernels import elementwise_grid
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import block_random_uint32, uniform24
+from gradcomp.ops.luq import lowest_level_exponent, smp_spread
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
 
@@ -34,17 +37,42 @@ def _largest_kernel(x_ptr, partial_ptr, n, BLOCK: tl.constexpr, TILES: tl.conste
 
 
 @triton.jit
-def _alpha_kernel(partial_ptr, programs, params_ptr, SCALE: tl.constexpr, BLOCK: tl.constexpr):
-    """params = (alpha, nextafter(2^24 / alpha, inf)): `luq_alpha` and `stochastic_prune`'s keep scale."""
+def _power_of_two_below(q, LOWEST: tl.constexpr):
+    """`gradcomp.ops.luq._power_of_two_below` of float32 q."""
+    exponent = tl.minimum(tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127 + LOWEST), 254)
+    return (exponent << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def _alpha_kernel(
+    partial_ptr,
+    programs,
+    params_ptr,
+    LOWEST: tl.constexpr,
+    LOWEST_LEVEL: tl.constexpr,
+    TOP: tl.constexpr,
+    SMALLEST: tl.constexpr,
+    SUM_FROM: tl.constexpr,
+    SUM_SCALE: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    """params = (alpha, keep scale, alpha of the underflow, SMP sum scale) as the torch path forms them:
+    `_alpha`; stochastic_prune's `_alpha_in_compute_dtype` of it (whose rounding to x's dtype leaves alpha
+    as it is, so it is left out) and its keep scale nextafter(2^24 / that, inf); `smp_spread`'s scale."""
     largest = tl.zeros((BLOCK,), tl.float32)
     for first in range(0, programs, BLOCK):
         rows = first + tl.arange(0, BLOCK)
         largest = tl.maximum(largest, tl.load(partial_ptr + rows, mask=rows < programs, other=0.0))
-    alpha = tl.max(largest, 0) * SCALE
-    quotient = tl.math.div_rn(16777216.0, alpha)
+    largest = tl.max(largest, 0)
+    binades = tl.math.div_rn(_power_of_two_below(largest, LOWEST), LOWEST_LEVEL)
+    alpha = tl.math.div_rn(largest, tl.minimum(binades, TOP))
+    prune_alpha = tl.where(alpha >= SMALLEST, alpha, 0.0)
+    quotient = tl.math.div_rn(16777216.0, prune_alpha)
     next_up = (quotient.to(tl.int32, bitcast=True) + 1).to(tl.float32, bitcast=True)
     tl.store(params_ptr, alpha)
     tl.store(params_ptr + 1, tl.where(quotient < float("inf"), next_up, quotient))
+    tl.store(params_ptr + 2, prune_alpha)
+    tl.store(params_ptr + 3, tl.where(largest >= SUM_FROM, SUM_SCALE, 1.0))
 
 
 @triton.jit
@@ -66,6 +94,8 @@ def _luq_kernel(
     the last sample writes the mean in x's dtype."""
     alpha = tl.load(params_ptr)
     keep_scale = tl.load(params_ptr + 1)
+    prune_alpha = tl.load(params_ptr + 2)
+    sum_scale = tl.load(params_ptr + 3)
     start = tl.program_id(0).to(tl.int64) * BLOCK
     lanes = tl.arange(0, BLOCK)
     mask = lanes < n - start
@@ -73,10 +103,8 @@ def _luq_kernel(
     x = raw.to(tl.float32)
     magnitude = tl.abs(x)
     random = uniform24(block_random_uint32(start, lanes, k0, k1))
-    pruned = (random < magnitude * keep_scale).to(tl.float32) * tl.maximum(magnitude, alpha)
-    q = tl.math.div_rn(magnitude, alpha)
-    exponent = tl.minimum(tl.maximum((q.to(tl.int32, bitcast=True) >> 23) & 0xFF, 127), 254)
-    low = alpha * (exponent << 23).to(tl.float32, bitcast=True)
+    pruned = (random < magnitude * keep_scale).to(tl.float32) * tl.maximum(magnitude, prune_alpha)
+    low = alpha * _power_of_two_below(tl.math.div_rn(magnitude, alpha), 0)
     low = tl.where(magnitude < low, low * 0.5, low)
     up = random < (tl.math.div_rn(magnitude, low) - 1.0) * 16777216.0
     rounded = low * (1.0 + up.to(tl.float32))
@@ -88,9 +116,9 @@ def _luq_kernel(
     previous = tl.zeros((BLOCK,), tl.float32)
     if SAMPLE > 0:
         previous = tl.load(total_ptr + start + lanes, mask=mask, other=0.0)
-    total = previous + value
+    total = previous + value * sum_scale
     if SAMPLE == SAMPLES - 1:
-        mean = total if SAMPLES == 1 else tl.math.div_rn(total, SAMPLES * 1.0)
+        mean = total if SAMPLES == 1 else tl.math.div_rn(tl.math.div_rn(total, SAMPLES * 1.0), sum_scale)
         out = to_storage(mean, out_ptr.dtype.element_ty)
         out = tl.where(raw != raw, raw, out)
         tl.store(out_ptr + start + lanes, out, mask=mask)
@@ -109,9 +137,24 @@ def quantize_luq_triton(x: Tensor, bits: int, seeds: list[int], zeros: Tensor | 
     programs = triton.cdiv(n, MAX_BLOCK * MAX_TILES)
     partial = torch.empty(programs, dtype=torch.float32, device=x.device)
     launch(_largest_kernel, (programs,), x_flat, partial, n, BLOCK=MAX_BLOCK, TILES=MAX_TILES)
-    params = torch.empty(2, dtype=torch.float32, device=x.device)
-    scale = 2.0 ** -(2 ** (bits - 1) - 1)
-    launch(_alpha_kernel, (1,), partial, programs, params, SCALE=scale, BLOCK=PARTIALS_BLOCK, num_warps=4)
+    params = torch.empty(4, dtype=torch.float32, device=x.device)
+    lowest = lowest_level_exponent(x.dtype)
+    sum_from, sum_scale = smp_spread(samples, torch.float32)
+    launch(
+        _alpha_kernel,
+        (1,),
+        partial,
+        programs,
+        params,
+        LOWEST=lowest,
+        LOWEST_LEVEL=2.0**lowest,
+        TOP=2.0 ** (2 ** (bits - 1) - 1),
+        SMALLEST=2.0**24 / float(torch.finfo(compute_layout(x.dtype).float_dtype).max),
+        SUM_FROM=sum_from,
+        SUM_SCALE=sum_scale,
+        BLOCK=PARTIALS_BLOCK,
+        num_warps=4,
+    )
     out = torch.empty_like(x_flat)
     total = torch.empty(n if samples > 1 else 1, dtype=torch.float32, device=x.device)
     grid, block, warps = elementwise_grid(n)

@@ -1,6 +1,6 @@
 """Triton kernel of `gradcomp.ops.nm_prune`: one launch over rows of m elements, the torch implementation's
-operations in its order (column sums one column after the other, the water-filling rounds, systematic
-sampling), so that the result is the same bit for bit."""
+operations in its order (the block's scale, column sums one column after the other, the water-filling
+rounds, systematic sampling with the running sum capped at n), so that the result is the same bit for bit."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from torch import Tensor
 
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import random_uint32, uniform24
+from gradcomp.ops.nm import SHRINK, shrink_from
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
 
@@ -45,6 +46,8 @@ def _nm_kernel(
     M: tl.constexpr,
     M_PAD: tl.constexpr,
     ROWS: tl.constexpr,
+    SHRINK: tl.constexpr,
+    SHRINK_FROM: tl.constexpr,
 ):
     rows = tl.program_id(0).to(tl.int64) * ROWS + tl.arange(0, ROWS)
     columns = tl.arange(0, M_PAD)
@@ -53,6 +56,7 @@ def _nm_kernel(
     raw = tl.load(x_ptr + offsets, mask=inside, other=0.0)
     values = raw.to(tl.float32)
     magnitude = tl.abs(values)
+    magnitude *= tl.where(tl.max(magnitude, 1) >= SHRINK_FROM, SHRINK, 1.0)[:, None]  # `block_scale`
     capped = magnitude < 0.0  # all False
     for _ in tl.static_range(N):
         share = _shares(magnitude, capped, columns, N, M)
@@ -66,7 +70,7 @@ def _nm_kernel(
     keep = magnitude < 0.0
     for j in tl.static_range(M):
         before = tl.math.ceil(cumulative - u)
-        cumulative = cumulative + _column(p, columns, j)
+        cumulative = tl.minimum(cumulative + _column(p, columns, j), N * 1.0)
         keep = tl.where(columns[None, :] == j, (tl.math.ceil(cumulative - u) > before)[:, None], keep)
     out = tl.where(keep, tl.math.div_rn(values, p), 0.0)
     finite = tl.sum(tl.where((magnitude < float("inf")) | ~inside, 0, 1), 1) == 0
@@ -91,6 +95,8 @@ def nm_prune_triton(blocks: Tensor, n: int, seed: int) -> Tensor:
         M=m,
         M_PAD=triton.next_power_of_2(m),
         ROWS=ROWS,
+        SHRINK=SHRINK,
+        SHRINK_FROM=shrink_from(torch.float32),
         enable_fp_fusion=False,
     )
     return out

@@ -44,6 +44,7 @@ from gradcomp.block_format import (
     check_rule,
     check_transform_size,
 )
+from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import E4M3FN, FPFormat
 from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
@@ -84,8 +85,7 @@ def quantize_block(
     three for NVFP4 (the tensor's largest magnitude first), plus a copy where `axis` is not the last,
     contiguous one or block_size does not divide it; no host sync. Not differentiable."""
     x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
-    if rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    choose("rounding", rounding, ROUNDINGS)
     fmt = BlockFormat(element, block_size, scale, check_rule(scale_rule, rounding))
     if hadamard:
         check_transform_size(hadamard, block_size)

@@ -31,6 +31,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, FloatLayout, check_float, compute_layout, use_triton
+from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import FPFormat, parse_format
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.stats import add_zero_count, check_counter
@@ -72,8 +73,7 @@ def quantize_fp(
     """
     x = check_float(x, "quantize_fp")
     fmt = parse_format(fmt)
-    if rounding not in ("nearest", "stochastic"):
-        raise ValueError(f"rounding must be 'nearest' or 'stochastic', got {rounding!r}")
+    choose("rounding", rounding, ROUNDINGS)
     layout = compute_layout(x.dtype)
     if isinstance(scale, Tensor):
         if scale.numel() != 1:

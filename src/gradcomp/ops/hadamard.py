@@ -25,7 +25,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, check_float, use_triton
+from gradcomp._backend import KERNEL_DTYPES, Backend, check_float, use_triton
 from gradcomp.block_format import check_transform_size, prescale_shift, transform_norm
 from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.rng import SIGN_COUNTER, random_bits
@@ -71,7 +71,7 @@ def _transform(x: Tensor, size: int, axis: int, seed: int | None, backend: Backe
 
 
 def check_kernel_dtype(x: Tensor, op: str) -> Tensor:
-    if x.dtype not in (torch.float16, torch.bfloat16, torch.float32):
+    if x.dtype not in KERNEL_DTYPES:
         raise TypeError(
             f"{op} computes in float32: pass a float16, bfloat16 or float32 tensor, got {x.dtype}"
         )

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp.choices import INT_BITS, INT_SCHEMES, choose, integer
 from gradcomp.ops.stats import add_zero_count, check_counter
 from gradcomp.rng import random_bits, resolve_seed, uniform24
 
@@ -49,10 +50,8 @@ def quantize_int(
     PTQ and PSQ). Not differentiable: x is detached and the result does not require grad."""
     x = check_float(x, "quantize_int")
     check_counter(count_zeros_into, x)
-    if not isinstance(bits, int) or isinstance(bits, bool) or not 1 <= bits <= 16:
-        raise ValueError(f"bits must be an integer in [1, 16], got {bits!r}")
-    if scheme not in ("ptq", "psq", "bhq"):
-        raise ValueError(f"scheme must be 'ptq', 'psq' or 'bhq', got {scheme!r}")
+    bits = integer("bits", bits, *INT_BITS)
+    choose("scheme", scheme, INT_SCHEMES)
     seed = resolve_seed(seed)
     if x.numel() == 0:
         return x.clone()

@@ -16,12 +16,13 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, check_float, use_triton
+from gradcomp._backend import Backend, check_float, compute_layout, use_triton
 from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.stats import add_zero_count, check_counter
 from gradcomp.rng import random_bits, resolve_seed, uniform24
 
 MAX_M = 16
+SHRINK = 2.0**-8  # see `block_scale`
 
 
 def nm_prune(
@@ -40,7 +41,20 @@ def nm_prune(
     returned in x's dtype. Random bits come from (seed, block index in x's layout with `axis` last).
     count_zeros_into: an int64 one-element tensor on x's device to which the output's zeros are added.
     One kernel launch on CUDA (plus a copy where `axis` is not the last, contiguous one or m does not
-    divide it); no host sync. Not differentiable."""
+    divide it); no host sync. Not differentiable.
+
+    Range limits: the pattern holds for every finite block, whatever its magnitudes: the probabilities are
+    formed on the block times 2^-8 where its largest magnitude reaches 2^120 (2^1016 for float64), which is
+    exact and keeps their sums finite (an element below 2^-141, 2^-1066 for float64, of such a block may
+    then get p = 0: a bias of its own magnitude). A kept element comes out as x_i / p_i: x_i where p_i
+    = 1, else sign(x_i) times the summed magnitude of the elements with p < 1 over the number of them to
+    keep. Where that exceeds the largest finite value of x's dtype (e.g. four float16 20000 at 1:4: 80000),
+    no unbiased N:M sample of the block exists in the dtype, and the value overflows to +-Inf, as the
+    dtype's own arithmetic does (not saturated, which would bias silently; loss scalers such as
+    torch.amp.GradScaler see the Inf and skip the step). Every other finite block gives finite values.
+    Kept values are rounded once to x's dtype, to the nearest: for float16 and bfloat16, and below the
+    dtype's normal range, a bias of at most half a unit in the last place (a kept subnormal of 1.5 units
+    becomes 2). The decisions draw u with 24 bits: probabilities resolve to 2^-24."""
     x = check_float(x, "nm_prune")
     for name, value in (("n", n), ("m", m)):
         if isinstance(value, bool) or not isinstance(value, int):
@@ -63,13 +77,28 @@ def nm_prune(
 
 def keep_probabilities(magnitude: Tensor, n: int) -> Tensor:
     """p of each row of magnitudes: proportional to the magnitude with sum n, capped at 1 and the rest
-    shared again (n rounds at most); 1 for every non-zero where a row has at most n of them. Sums run
-    column by column (the kernel's order)."""
+    shared again (n rounds at most); 1 for every non-zero where a row has at most n of them. Formed on the
+    row times `block_scale` (exact), so that no sum overflows. Sums run column by column (the kernel's
+    order)."""
+    magnitude = magnitude * block_scale(magnitude)
     capped = torch.zeros_like(magnitude, dtype=torch.bool)
     for _ in range(n):  # each round caps at least one more, and at most n can be capped
         capped = capped | ((_shares(magnitude, capped, n) >= 1.0) & ~capped)
     p = torch.where(capped, 1.0, _shares(magnitude, capped, n))
     return torch.where(magnitude > 0, torch.nan_to_num(p, nan=1.0, posinf=1.0), 0.0)
+
+
+def block_scale(magnitude: Tensor) -> Tensor:
+    """SHRINK for the rows whose largest magnitude reaches `shrink_from`, else 1: a power of two (exact,
+    but for magnitudes that become subnormal), after which a sum of MAX_M magnitudes or n times one stays
+    finite, while the other rows are left as they are (so are their results, bit for bit)."""
+    return torch.where(magnitude.amax(1, keepdim=True) >= shrink_from(magnitude.dtype), SHRINK, 1.0)
+
+
+def shrink_from(dtype: torch.dtype) -> float:
+    """2^(emax - 7) of the compute dtype `dtype`: a row of up to MAX_M = 2^4 magnitudes below it sums to
+    less than 2^(emax - 3), and one times SHRINK is below it."""
+    return 2.0 ** (compute_layout(dtype).exp_bias - 7)
 
 
 def _shares(magnitude: Tensor, capped: Tensor, n: int) -> Tensor:
@@ -83,16 +112,16 @@ def _shares(magnitude: Tensor, capped: Tensor, n: int) -> Tensor:
 
 
 def nm_prune_blocks(blocks: Tensor, n: int, seed: int) -> Tensor:
-    """The torch implementation on rows of m elements (the oracle of the kernel)."""
+    """The torch implementation on rows of m elements (the oracle of the kernel). The running sum of p is
+    capped at n, so that a sum rounded above n cannot make an (n+1)-th element kept."""
     dtype = torch.float64 if blocks.dtype == torch.float64 else torch.float32
     values = blocks.to(dtype)
-    magnitude = values.abs()
-    p = keep_probabilities(magnitude, n)
+    p = keep_probabilities(values.abs(), n)
     u = uniform24(random_bits(seed, blocks.shape[0], blocks.device)).to(dtype) * 2.0**-24
     keep, cumulative = [], torch.zeros_like(u)
     for column in range(blocks.shape[1]):
         before = torch.ceil(cumulative - u)
-        cumulative = cumulative + p[:, column]
+        cumulative = (cumulative + p[:, column]).clamp(max=n)
         keep.append(torch.ceil(cumulative - u) > before)
     kept = torch.stack(keep, 1)
     out = torch.where(kept, values / p, 0.0).to(blocks.dtype)
