@@ -125,3 +125,18 @@ def ml_dtypes_version() -> tuple[int, ...]:
     import ml_dtypes
 
     return tuple(int(part) for part in ml_dtypes.__version__.split(".")[:2])
+
+
+def kernel_property(max_examples: int):
+    """Hypothesis settings for a sweep that runs the kernels: the same examples every run (derandomized, no
+    example database), no deadline (the interpreter is slow), and the constant `kernel_device` fixture
+    shared between generated inputs."""
+    from hypothesis import HealthCheck, settings
+
+    return settings(
+        max_examples=max_examples,
+        deadline=None,
+        database=None,
+        derandomize=True,
+        suppress_health_check=[HealthCheck.function_scoped_fixture],
+    )

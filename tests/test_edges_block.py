@@ -8,8 +8,8 @@ import math
 import numpy as np
 import pytest
 import torch
-from helpers import kernel_can_hold, lognormal_gradient, same_bits
-from hypothesis import HealthCheck, given, settings
+from helpers import kernel_can_hold, kernel_property, lognormal_gradient, same_bits
+from hypothesis import given
 from hypothesis import strategies as st
 
 from gradcomp import hadamard, log_moments, lognormal_threshold_from_moments, nm_prune, quantize_block
@@ -19,13 +19,7 @@ from gradcomp.profiling import count_work
 
 FLOAT32_MAX = torch.finfo(torch.float32).max
 NVFP4 = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}
-SWEEP = settings(
-    max_examples=40,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+SWEEP = kernel_property(40)
 
 
 def _both(op, x: torch.Tensor, device: str, **options) -> torch.Tensor:

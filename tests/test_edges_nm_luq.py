@@ -8,8 +8,8 @@ from collections.abc import Callable
 
 import pytest
 import torch
-from helpers import kernel_can_hold, same_bits
-from hypothesis import HealthCheck, given, settings
+from helpers import kernel_can_hold, kernel_property, same_bits
+from hypothesis import given
 from hypothesis import strategies as st
 from torch import Tensor
 
@@ -217,13 +217,7 @@ def test_luq_of_a_zero_dimensional_tensor(kernel_device):
 
 
 # --- properties over extreme values -------------------------------------------------------------------------
-KERNEL_PROPERTY = settings(
-    max_examples=60,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+KERNEL_PROPERTY = kernel_property(60)
 
 
 @st.composite

@@ -6,8 +6,8 @@ from fractions import Fraction
 
 import pytest
 import torch
-from helpers import same_bits
-from hypothesis import HealthCheck, given, settings
+from helpers import kernel_property, same_bits
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from gradcomp import (
@@ -25,13 +25,7 @@ DTYPES = [torch.float16, torch.bfloat16, torch.float32, torch.float64]
 # derandomized: the same examples every run (no example database is kept)
 PROPERTY = settings(max_examples=40, deadline=None, database=None, derandomize=True)
 # kernel_device is a constant string, so sharing it between generated inputs is safe
-KERNEL_PROPERTY = settings(
-    max_examples=15,
-    deadline=None,
-    database=None,
-    derandomize=True,
-    suppress_health_check=[HealthCheck.function_scoped_fixture],
-)
+KERNEL_PROPERTY = kernel_property(15)
 SEEDS = st.integers(0, 2**40)
 
 

@@ -16,9 +16,9 @@ Rounding works in float32 (float64 for float64 inputs) and is exact:
 * below the smallest normal the grid is uniform with quantum 2^qe; nearest rounding adds and subtracts
   2^(qe + mantissa bits of the compute type) (one IEEE rounding, so ties go to even), and stochastic rounding
   compares the exact fraction with 24 random bits.
-Stochastic rounding is exactly unbiased in the normal range (at most 23 discarded bits, all compared with
-random bits); below it, the probability of rounding up is resolved to 2^-24, a bias below 2^-24 of one
-quantum per element, as for the other stochastic ops.
+Stochastic rounding is exactly unbiased in the normal range up to max_value (at most 23 discarded bits, all
+compared with random bits); below it, the probability of rounding up is resolved to 2^-24, a bias below 2^-24
+of one quantum per element, as for the other stochastic ops; beyond max_value the format's overflow applies.
 """
 
 from __future__ import annotations
@@ -52,8 +52,9 @@ def quantize_fp(
 ) -> Tensor:
     """Q(x * scale) * (1 / scale) in x's dtype and shape, Q rounding to `fmt`'s grid.
 
-    rounding: "nearest" (ties to even) or "stochastic" (unbiased; random bits from (seed, element index),
-    a fresh seed from torch's generator when seed is None).
+    rounding: "nearest" (ties to even) or "stochastic" (unbiased within the format's range: a value beyond
+    max_value becomes what `fmt.overflow` says, so a saturating format's E[out] is below x there; random
+    bits from (seed, element index), a fresh seed from torch's generator when seed is None).
     scale: a positive number that is finite, with a finite reciprocal, in the compute type (float32; float64
     for float64 input), else ValueError; or a one-element tensor. Powers of two keep the scaling exact. A
     tensor scale that is not positive and finite in the compute type, or whose reciprocal overflows there,
