@@ -133,14 +133,42 @@ def test_each_kind_of_difference_gets_its_verdict():
     nulls = [Pair(f"null{i}", "base", base, base) for i in range(9)]
     large = compare([Pair("large", "base", spread, base, margin=1.0), *nulls])[0]
     assert large.verdict == INCONCLUSIVE and large.seeds_needed < 20
-    assert large.statement.endswith(f"about {large.seeds_needed} seeds would find a difference of this size)")
+    assert large.statement.endswith(f"about {needed} seeds would find a difference of this size beyond ±1 pt)"
+                                    .replace(str(needed), str(large.seeds_needed)))  # fmt: skip
 
 
 def test_a_small_significant_difference_inside_the_margin_is_equivalent():
     base = dict.fromkeys(range(8), 0.80)
     small = {s: 0.797 + 0.0002 * (s % 2) for s in range(8)}  # -0.3 pt on every seed
     (comparison,) = compare([Pair("small", "base", small, base, margin=1.0)])
-    assert comparison.p < 0.001 and comparison.verdict == EQUIVALENT
+    # significant against 0, but the test that decides "worse" is against the margin
+    assert comparison.p == 1.0 and comparison.verdict == EQUIVALENT
+
+
+def test_a_loss_inside_the_margin_is_never_worse_and_more_seeds_show_it():
+    """One rule, monotone in evidence: a consistent loss of 0.8 pt with a 1 pt margin is inconclusive at 8
+    seeds (its interval excludes 0 but reaches past -1 pt), and equivalent once the seeds narrow it, never
+    worse; a loss of 1.5 pt is worse once its interval lies beyond -1 pt."""
+    base = dict.fromkeys(range(64), 0.80)
+    noise = [0.004 * ((7 * s) % 5 - 2) for s in range(64)]  # sd about 0.6 pt
+    loss = {s: 0.792 + noise[s] for s in range(64)}
+    few = compare([Pair("loss", "base", {s: loss[s] for s in range(8)}, base, margin=1.0)])[0]
+    assert few.verdict == INCONCLUSIVE and few.ci_high < 0 and few.ci_low < -1.0
+    assert "consistently lower, not shown beyond the margin" in few.statement
+    many = compare([Pair("loss", "base", loss, base, margin=1.0)])[0]
+    assert many.verdict == EQUIVALENT
+    big = {s: 0.785 + noise[s] for s in range(64)}
+    assert compare([Pair("big", "base", big, base, margin=1.0)])[0].verdict == WORSE
+
+
+def test_seeds_to_decide_account_for_the_adjustment_and_exceed_the_seeds_used():
+    base = dict.fromkeys(range(3), 0.80)
+    edge = {0: 0.70, 1: 0.66, 2: 0.74}  # -10 pt, sd 4 pt: significant alone, not after Holm over 40
+    nulls = [Pair(f"null{i}", "base", base, base) for i in range(39)]
+    alone = compare([Pair("edge", "base", edge, base)])[0]
+    adjusted = compare([Pair("edge", "base", edge, base), *nulls])[0]
+    assert alone.verdict == WORSE and adjusted.verdict == INCONCLUSIVE
+    assert adjusted.seeds_needed > 3 and str(adjusted.seeds_needed) in adjusted.needed
 
 
 def test_a_missed_target_is_worse_on_either_side():

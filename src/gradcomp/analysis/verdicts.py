@@ -5,16 +5,21 @@ data order and random bits), through the per-seed differences a - b. Each compar
 verdict:
 
 * *equivalent within +-m*: both one-sided tests (TOST) reject a difference beyond the margin m at level
-  0.05, i.e. the 90 % interval lies inside (-m, m); m is declared in the experiment's settings. The margin
-  is the smallest difference that matters, so a difference the TOST places within it is *equivalent* even
-  where the t-test finds it (the row keeps that p-value);
-* *better* / *worse*: otherwise, the paired t-test's p-value after the Holm adjustment over all the
-  comparisons of the experiment is below 0.05 (which side is better is each comparison's own; a quantity
-  against its target, e.g. achieved against target sparsity, is worse on either side);
-* *inconclusive*: neither; the 95 % interval is stated with how many seeds would decide it, given the
-  observed paired sd and taking the observed difference d as the true one: where |d| is inside the margin,
-  the seeds that give the TOST 80 % power to show it within +-m; otherwise (or without a margin) the seeds
-  that give the paired t-test 80 % power to find it (at 0.05 before the Holm adjustment).
+  0.05, i.e. the 90 % interval lies inside (-m, m); m is declared in the experiment's settings (the smallest
+  difference that matters);
+* *better* / *worse*: the difference lies beyond the margin: the paired t-test of |difference| > m (two-sided
+  form, so that without adjustment it is the 95 % interval lying entirely beyond +m or -m; against 0 where no
+  margin is declared) stays below 0.05 after the Holm adjustment over all the comparisons of the experiment
+  (which side is better is each comparison's own; a quantity against its target, e.g. achieved against
+  target sparsity, is worse on either side). A difference inside the margin is never *worse*, so more seeds
+  never turn a true effect's verdict around (one rule, monotone in evidence);
+* *inconclusive*: neither; the 95 % interval is stated (with "consistently higher/lower" where it excludes 0
+  but not the margin) with how many seeds would decide it, given the observed paired sd and taking the
+  observed difference d as the true one: where |d| is inside the margin, the seeds that give the TOST 80 %
+  power to show it within +-m; otherwise the seeds that give the test beyond the margin (or against 0) 80 %
+  power at 0.05 divided by the number of tests (Holm's first step, so the adjustment is accounted for).
+  Where that count is not above the seeds used (the estimate sits at the decision's edge), it says "more
+  than" the seeds used.
 
 Every comparison also reports the sign consistency (on how many of its seeds the difference has the sign of
 its mean) and the minimum detectable effect (the true difference the paired t-test at 0.05, unadjusted,
@@ -133,11 +138,25 @@ class Comparison:
             return "a second seed would give an interval"
         if self.seeds_needed is None:
             return "more than 10,000 seeds would be needed to decide it"
+        if self.seeds_needed <= self.seeds:
+            return f"more than the {self.seeds} seeds used would decide it (it sits at the decision's edge)"
         if self.within_margin:
             return (
                 f"about {self.seeds_needed} seeds would show it within ±{self.margin:g} {self.unit}".rstrip()
             )
+        if self.margin is not None:
+            return (
+                f"about {self.seeds_needed} seeds would find a difference of this size beyond "
+                f"±{self.margin:g} {self.unit}".rstrip()
+            )
         return f"about {self.seeds_needed} seeds would find a difference of this size"
+
+    @property
+    def seen(self) -> str:
+        """What an inconclusive interval shows: "consistently lower, " where it excludes 0, else ""."""
+        if self.ci_low > 0 or self.ci_high < 0:
+            return f"consistently {'higher' if self.ci_low > 0 else 'lower'}, not shown beyond the margin; "
+        return ""
 
     @property
     def statement(self) -> str:
@@ -146,7 +165,7 @@ class Comparison:
         text = f"{self.a} vs {self.b}: {self.difference:+.3g}{unit} {self.interval} ({self.sign})"
         if self.verdict == INCONCLUSIVE:
             mde = f"detectable: {number(self.mde)}{unit}; " if self.mde is not None else ""
-            return f"{text}, inconclusive ({mde}{self.needed})"
+            return f"{text}, inconclusive ({self.seen}{mde}{self.needed})"
         return f"{text}, {self.decision}"
 
     def row(self) -> dict:
@@ -169,6 +188,7 @@ def compare(pairs: Sequence[Pair]) -> list[Comparison]:
     count = sum(not math.isnan(t["p"]) for t in tested)
     comparisons = []
     for pair, t, p_holm in zip(pairs, tested, adjusted, strict=True):
+        t["seeds_needed"] = _seeds_needed(pair, t, count)
         if t["p_tost"] is not None and t["p_tost"] < ALPHA:
             verdict = EQUIVALENT
         elif p_holm < ALPHA:
@@ -216,23 +236,35 @@ def _paired(pair: Pair) -> dict:
     low, high = pair.limits
     result["ci_low"], result["ci_high"] = max(estimate.ci_low, low), min(estimate.ci_high, high)
     if sd == 0:  # the same difference on every seed: nothing to test it against
-        result["p"] = 1.0 if mean == 0 else 0.0
+        result["p"] = 0.0 if abs(mean) > (pair.margin or 0.0) else 1.0
         if pair.margin is not None:
             result["p_tost"] = 0.0 if abs(mean) < pair.margin else 1.0
         result["mde"] = 0.0
         return result
     standard_error = sd / math.sqrt(n)
-    result["p"] = float(2 * stats.t.sf(abs(mean) / standard_error, n - 1))
+    margin = pair.margin or 0.0
+    # beyond the margin on the observed side (two-sided form): against 0 without a margin
+    result["p"] = float(min(1.0, 2 * stats.t.sf((abs(mean) - margin) / standard_error, n - 1)))
     result["mde"] = minimum_detectable_effect(n, sd)
     if pair.margin is not None:
         upper = stats.t.sf((mean + pair.margin) / standard_error, n - 1)  # H0: difference <= -m
         lower = stats.t.cdf((mean - pair.margin) / standard_error, n - 1)  # H0: difference >= +m
         result["p_tost"] = float(max(upper, lower))
-    if pair.margin is not None and abs(mean) < pair.margin:
-        result["seeds_needed"] = seeds_for_equivalence(sd, pair.margin, mean)
-    elif mean != 0:
-        result["seeds_needed"] = seeds_for_difference(sd, abs(mean))
     return result
+
+
+def _seeds_needed(pair: Pair, t: Mapping, tests: int) -> int | None:
+    """The seeds that would decide the comparison (see the module): None with fewer than 2 seeds, no spread,
+    or nothing to find."""
+    n, mean, sd = t["seeds"], t["difference"], t["sd"]
+    if n < 2 or not sd > 0:
+        return None
+    margin = pair.margin or 0.0
+    if pair.margin is not None and abs(mean) < margin:
+        return seeds_for_equivalence(sd, margin, mean)
+    if abs(mean) > margin:
+        return seeds_for_difference(sd, abs(mean) - margin, ALPHA / max(tests, 1))
+    return None
 
 
 def summarise(comparisons: Sequence[Comparison]) -> str:
@@ -267,10 +299,10 @@ def holm(pvalues: Sequence[float]) -> list[float]:
 
 
 # --- power of the paired t-test and of the TOST ----------------------------------------------------------
-def t_test_power(n: int, effect: float) -> float:
-    """Power of the two-sided paired t-test at ALPHA with n seeds for a true difference of `effect` paired
-    sds (noncentral t)."""
-    df, critical = n - 1, stats.t.ppf(1 - ALPHA / 2, n - 1)
+def t_test_power(n: int, effect: float, alpha: float = ALPHA) -> float:
+    """Power of the two-sided paired t-test at `alpha` with n seeds for a true difference of `effect`
+    paired sds (noncentral t)."""
+    df, critical = n - 1, stats.t.ppf(1 - alpha / 2, n - 1)
     shift = effect * math.sqrt(n)
     beyond = np.nan_to_num(stats.nct.sf(critical, df, shift), nan=1.0)  # NaN only far in the tail
     below = np.nan_to_num(stats.nct.cdf(-critical, df, shift), nan=0.0)
@@ -314,9 +346,9 @@ def seeds_for_equivalence(sd: float, margin: float, difference: float = 0.0) -> 
     return _smallest_n(lambda n: tost_power(n, margin / sd, difference / sd))
 
 
-def seeds_for_difference(sd: float, difference: float) -> int | None:
-    """Seeds at which the paired t-test finds `difference` with 80 % power."""
-    return _smallest_n(lambda n: t_test_power(n, difference / sd))
+def seeds_for_difference(sd: float, difference: float, alpha: float = ALPHA) -> int | None:
+    """Seeds at which the paired t-test at `alpha` finds `difference` with 80 % power."""
+    return _smallest_n(lambda n: t_test_power(n, difference / sd, alpha))
 
 
 def one_sample(

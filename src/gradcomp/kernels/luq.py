@@ -57,7 +57,7 @@ def _alpha_kernel(
     BLOCK: tl.constexpr,
 ):
     """params = (alpha, keep scale, alpha of the underflow, SMP sum scale) as the torch path forms them:
-    `_alpha`; stochastic_prune's `_alpha_in_compute_dtype` of it (whose rounding to x's dtype leaves alpha
+    `_alpha`; stochastic_prune's `alpha_in_compute_dtype` of it (whose rounding to x's dtype leaves alpha
     as it is, so it is left out) and its keep scale nextafter(2^24 / that, inf); `smp_spread`'s scale."""
     largest = tl.zeros((BLOCK,), tl.float32)
     for first in range(0, programs, BLOCK):

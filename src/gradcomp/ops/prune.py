@@ -61,7 +61,7 @@ def stochastic_prune(
             return stochastic_prune_triton(x, alpha.detach().to(x.device), None, seed, count_zeros_into)
         keep_scale = np.nextafter(np.float32(2.0**24) / np.float32(number), np.float32(math.inf))
         return stochastic_prune_triton(x, number, float(keep_scale), seed, count_zeros_into)
-    alpha_t = _alpha_in_compute_dtype(alpha, x) if number is None else _number_tensor(number, x)
+    alpha_t = alpha_in_compute_dtype(alpha, x) if number is None else _number_tensor(number, x)
     # rounded up, so that |x| >= alpha gives |x| * keep_scale >= 2^24 > every 24-bit draw: kept as is
     keep_scale = torch.nextafter(2.0**24 / alpha_t, alpha_t.new_tensor(math.inf))
 
@@ -75,7 +75,7 @@ def stochastic_prune(
     return add_zero_count(map_chunks(x, prune_chunk), count_zeros_into)
 
 
-def _alpha_in_compute_dtype(alpha: Tensor, x: Tensor) -> Tensor:
+def alpha_in_compute_dtype(alpha: Tensor, x: Tensor) -> Tensor:
     """A tensor alpha rounded to x's dtype, as a 0-d tensor of the compute dtype on x's device, brought
     inside the bounds of stochastic_prune on the device (the kernel does the same steps)."""
     layout = compute_layout(x.dtype)
