@@ -264,3 +264,14 @@ def test_claims_follow_the_verdicts_of_their_comparisons():
     assert differs("X", [lost], WORSE).status == SHOWN and differs("X", [same], WORSE).status == REFUTED
     decision = equivalent("X", [same])
     assert decision.seeds == "4 seeds" and "same vs base: +0.15 pt" in decision.evidence
+
+
+def test_an_equivalence_names_the_interval_that_decided_it():
+    """The TOST decides by the 90 % interval; the 95 % one printed beside it may reach past the margin."""
+    base = dict.fromkeys(range(3), 0.80)
+    arm = {0: 0.795, 1: 0.800, 2: 0.805}  # 0 pt, sd 0.5 pt: 95 % interval +-1.24, 90 % +-0.84
+    (comparison,) = compare([Pair("arm", "base", arm, base, margin=1.0)])
+    assert comparison.verdict == EQUIVALENT and comparison.ci_low < -1.0 < 1.0 < comparison.ci_high
+    low, high = (float(v) for v in comparison.tost_interval.split("[")[1].rstrip("]").split(", "))
+    assert -1.0 < low < high < 1.0
+    assert comparison.decision == f"equivalent within ±1 pt ({comparison.tost_interval})"

@@ -119,12 +119,27 @@ class Comparison:
 
     @property
     def decision(self) -> str:
-        """The verdict in words: "equivalent within ±1 pt", "worse (Holm p = 0.01)", "inconclusive"."""
+        """The verdict in words: "equivalent within ±1 pt (90 % interval [-0.6, +0.4])", "worse (Holm p = 0.01
+        over 5)", "inconclusive". An equivalence is decided by the TOST's 90 % interval, which it names: the
+        95 % interval printed beside it may reach past the margin."""
         if self.verdict == EQUIVALENT:
-            return f"equivalent within ±{self.margin:g} {self.unit}".rstrip()
+            return f"{self.equivalence} ({self.tost_interval})"
         if self.verdict in (BETTER, WORSE):
             return f"{self.verdict} (Holm p = {self.p_holm:.2g} over {self.tests})"
         return INCONCLUSIVE
+
+    @property
+    def equivalence(self) -> str:
+        return f"equivalent within ±{self.margin:g} {self.unit}".rstrip()
+
+    @property
+    def tost_interval(self) -> str:
+        """The 90 % interval the TOST decides by (mean ± t(0.95) sd / sqrt(n)), e.g. "90 % interval [-0.6,
+        +0.4]"."""
+        if self.seeds < 2:
+            return "one seed"
+        half = stats.t.ppf(1 - ALPHA, self.seeds - 1) * self.sd / math.sqrt(self.seeds)
+        return f"90 % interval [{self.difference - half:+.3g}, {self.difference + half:+.3g}]"
 
     @property
     def within_margin(self) -> bool:
@@ -280,7 +295,7 @@ def summarise(comparisons: Sequence[Comparison]) -> str:
         detail = f"{c.difference:+.3g}{unit} {c.interval}"
         if c.verdict == INCONCLUSIVE:
             detail += f"; {c.needed}"
-        groups.setdefault(c.decision if c.verdict == EQUIVALENT else c.verdict, []).append(
+        groups.setdefault(c.equivalence if c.verdict == EQUIVALENT else c.verdict, []).append(
             f"{name} ({detail})"
         )
     parts = [f"{verdict}: {', '.join(items)}" for verdict, items in groups.items()]
