@@ -144,6 +144,7 @@ def _theory_pairs(settings: Successors, models: WithinModels, variance: PerSeed)
             higher_is_better=None,
             unit="ln",
             bounds=LINEAR,
+            scale=arm.scale,
         )
         for arm in models.arms
         if variance.values({"run": arm.name}, "ln_ratio")
@@ -162,6 +163,7 @@ def _mvue_pairs(models: WithinModels, variance: PerSeed) -> list[Pair]:
             higher_is_better=False,
             unit="ln",
             bounds=LINEAR,
+            scale=arm.scale,
         )
         for arm in models.arms
         if isinstance(arm.policy, NM) and variance.values({"run": arm.name}, "neural")

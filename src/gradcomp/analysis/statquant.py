@@ -193,7 +193,9 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
                     {"scheme": scheme, "code": code, "elements": int(n)} for code, n in enumerate(counts)
                 ]
     comparisons = compare(
-        _scheme_pairs(usage, "scheme", "entropy_bits", "bits of entropy", True, bounds=entropy_bounds)
+        _scheme_pairs(
+            usage, "scheme", "entropy_bits", "bits of entropy", True, bounds=entropy_bounds, scale=group.scale
+        )
     )
     (spread,) = spreads.rows()
     findings = [
@@ -370,7 +372,9 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
     """B2: quantization variance against bits per scheme, against the QAT sampling variance."""
     group = runs[settings.run]
     points, schemes, sampling_rows = _variances(settings, group)
-    ordering = _scheme_pairs(schemes, "scheme", "mean_ln_variance", "ln variance", False, bounds=LINEAR)
+    ordering = _scheme_pairs(
+        schemes, "scheme", "mean_ln_variance", "ln variance", False, bounds=LINEAR, scale=group.scale
+    )
     fours = [
         one_sample(
             f"{NAMES[s]} ln(per-bit factor / 4)",
