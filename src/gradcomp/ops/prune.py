@@ -18,6 +18,7 @@ from torch import Tensor
 
 from gradcomp import lognormal
 from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, triton_available, use_triton
+from gradcomp.choices import BACKENDS, choose
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.stats import Rule, add_zero_count, check_counter, fit_statistics, usable_threshold
 from gradcomp.rng import chunk_counter, hash_counter, resolve_seed, uniform24
@@ -199,6 +200,7 @@ def lognormal_threshold_from_moments(
         raise ValueError(
             f"moments must be float64 [..., 4] from log_moments, got {moments.dtype} {tuple(moments.shape)}"
         )
+    choose("backend", backend, BACKENDS)
     if backend == "triton" or (backend == "auto" and moments.is_cuda and triton_available()):
         from gradcomp.kernels.stats import thresholds_triton
 
@@ -207,8 +209,6 @@ def lognormal_threshold_from_moments(
         if isinstance(numel, Tensor):
             numel = numel.to(moments.device, torch.float64).expand(lead).reshape(-1).contiguous()
         return thresholds_triton(rows, numel, sparsity).view(lead)
-    if backend not in ("auto", "torch"):
-        raise ValueError(f"backend must be 'auto', 'torch' or 'triton', got {backend!r}")
     if moments.shape == (4,) and moments.device.type == "cpu" and not isinstance(numel, Tensor):
         return torch.tensor(_threshold_of_one_layer(moments.tolist(), numel, sparsity), dtype=torch.float64)
     target = _prunable_target(numel, moments[..., 0], moments[..., 3], sparsity)
