@@ -167,6 +167,9 @@ def tiny_runs(tmp_path_factory):
                 (folder / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
                 summary = _fake_summary(config.policy, rng, 0.8 + rng.gauss(0, 0.02) - 0.01 * len(run) / 10)
                 (folder / "summary.json").write_text(json.dumps(summary))
+                epochs = [{"kind": "epoch", "epoch": e, "test_accuracy": summary["final_test_accuracy"]}
+                          for e in range(config.epochs)]  # fmt: skip
+                (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
             folders.setdefault(run, {})[seed] = folder
     return folders
 

@@ -2,13 +2,16 @@
 power, and which verdict each kind of difference gets."""
 
 import math
+import re
+from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 import pytest
 from scipy import stats
 
 from gradcomp.analysis.claims import INCONCLUSIVE as OPEN
-from gradcomp.analysis.claims import REFUTED, SHOWN, differs, equivalent
+from gradcomp.analysis.claims import REFUTED, SHOWN, decide, deciding
 from gradcomp.analysis.seeds import CORRELATION, FRACTION, POSITIVE, Estimate, PerSeed, spearman
 from gradcomp.analysis.verdicts import (
     BETTER,
@@ -104,7 +107,7 @@ def test_tost_matches_two_one_sided_t_tests():
     differences = 100 * (np.array([a[s] for s in range(8)]) - 0.80)
     upper = stats.ttest_1samp(differences, -1.0, alternative="greater").pvalue
     lower = stats.ttest_1samp(differences, 1.0, alternative="less").pvalue
-    assert comparison.p_tost == pytest.approx(max(upper, lower))
+    assert comparison.p_within == pytest.approx(max(upper, lower))
     assert comparison.verdict == EQUIVALENT and "equivalent within ±1 pt" in comparison.statement
 
 
@@ -126,7 +129,8 @@ def test_each_kind_of_difference_gets_its_verdict():
     noisy_comparison = found[2]
     assert noisy_comparison.seeds_needed > 8 and noisy_comparison.mde > 1.0
     needed = noisy_comparison.seeds_needed
-    assert f"about {needed} seeds would show it within ±1 pt" in noisy_comparison.statement
+    assert re.search(f"about {needed} seeds \\([0-9]+ to [0-9]+ over the pooled sd's 95 % interval\\) would "
+                     "show it within ±1 pt", noisy_comparison.statement)  # fmt: skip
     assert "4 of 8 seeds lower" in noisy_comparison.statement
     # a large difference short of significance: what would decide it is finding it, not equivalence
     spread = {s: 0.75 + (0.04 if s % 2 else -0.05) for s in range(3)}
@@ -249,29 +253,87 @@ def test_a_comparison_reads_back_from_its_row_and_sentences_group_by_verdict():
     )
 
 
-def test_claims_follow_the_verdicts_of_their_comparisons():
+def _claim(claim: str, *pairs: Pair, secondary: Sequence[Pair] = ()):
+    """`claim` decided from `pairs` as its deciding comparisons, beside secondary ones."""
+    comparisons = compare([*deciding(claim, pairs), *secondary])
+    return decide(claim, comparisons), comparisons
+
+
+def test_each_test_decides_its_claim_by_one_rule():
     base = dict.fromkeys(range(4), 0.8)
-    same, lost, noisy = compare(
-        [
-            Pair("same", "base", {s: 0.8 + 0.001 * s for s in range(4)}, base, margin=1.0),
-            Pair("lost", "base", {s: 0.7 + 0.001 * s for s in range(4)}, base, margin=1.0),
-            Pair("noisy", "base", {0: 0.7, 1: 0.9, 2: 0.75, 3: 0.85}, base, margin=1.0),
-        ]
-    )
-    assert equivalent("X", [same]).status == SHOWN
-    assert equivalent("X", [same, lost]).status == REFUTED
-    assert equivalent("X", [same, noisy]).status == OPEN
-    assert differs("X", [lost], WORSE).status == SHOWN and differs("X", [same], WORSE).status == REFUTED
-    decision = equivalent("X", [same])
+    same = Pair("same", "base", {s: 0.8 + 0.001 * s for s in range(4)}, base, margin=1.0)
+    lost = Pair("lost", "base", {s: 0.7 + 0.001 * s for s in range(4)}, base, margin=1.0)
+    noisy = Pair("noisy", "base", {0: 0.7, 1: 0.9, 2: 0.75, 3: 0.85}, base, margin=1.0)
+    assert _claim("L6", same)[0].status == SHOWN  # non-inferiority
+    assert _claim("L6", same, lost)[0].status == REFUTED
+    assert _claim("L6", same, noisy)[0].status == OPEN
+    assert _claim("L4", same)[0].status == SHOWN  # equivalence
+    assert _claim("L5", lost)[0].status == SHOWN and _claim("L5", same)[0].status == REFUTED  # difference
+    better = replace(lost, a_values={s: 0.9 + 0.001 * s for s in range(4)}, margin=None)
+    assert _claim("S2", better)[0].status == SHOWN  # superiority (higher is better here)
+    assert _claim("S2", replace(lost, margin=None))[0].status == REFUTED
+    decision = _claim("L6", same)[0]
     assert decision.seeds == "4 seeds" and "same vs base: +0.15 pt" in decision.evidence
 
 
-def test_an_equivalence_names_the_interval_that_decided_it():
-    """The TOST decides by the 90 % interval; the 95 % one printed beside it may reach past the margin."""
+def test_a_loss_inside_the_margin_does_not_refute_a_no_loss_claim():
+    """L6's case: a consistent loss of 0.94 pt [0.48, 1.39] (8 seeds) against a 1 pt margin is inconclusive,
+    not refuted; with the same loss on 512 seeds it is shown non-inferior; a 1.2 pt loss is refuted."""
+    base = dict.fromkeys(range(512), 0.85)
+    noise = [0.00275 * (-3, -2, -1, 0, 0, 1, 2, 3)[s % 8] for s in range(512)]  # mean 0, sd 0.55 pt
+    few = {s: 0.85 - 0.0094 + noise[s] for s in range(8)}
+    decision, (gap,) = _claim("L6", Pair("prune", "fp32", few, base, margin=1.0))
+    assert decision.status == OPEN and gap.ci_high < 0 and gap.ci_low < -1.0 < gap.ci_high
+    assert gap.seeds_needed > 8 and "show it non-inferior within 1 pt" in gap.needed
+    many = {s: 0.85 - 0.0094 + noise[s] for s in range(512)}
+    assert _claim("L6", Pair("prune", "fp32", many, base, margin=1.0))[0].status == SHOWN
+    worse = {s: 0.85 - 0.012 + noise[s] for s in range(512)}
+    assert _claim("L6", Pair("prune", "fp32", worse, base, margin=1.0))[0].status == REFUTED
+
+
+def test_a_claim_is_its_own_family_apart_from_the_secondary_comparisons():
+    base = dict.fromkeys(range(4), 0.8)
+    same = Pair("same", "base", {s: 0.8 + 0.001 * (s % 2) for s in range(4)}, base, margin=1.0)
+    nulls = [
+        Pair(f"null{i}", "base", {s: 0.8 + 0.001 * s for s in range(4)}, base, margin=1.0) for i in range(9)
+    ]
+    decision, comparisons = _claim("L6", same, secondary=nulls)
+    assert comparisons[0].family == "L6" and comparisons[0].tests == 2  # both routes of one comparison
+    assert {c.tests for c in comparisons[1:]} == {18} and decision.status == SHOWN
+
+
+def test_seeds_to_decide_plan_with_the_pooled_sd_and_never_the_seeds_used():
     base = dict.fromkeys(range(3), 0.80)
-    arm = {0: 0.795, 1: 0.800, 2: 0.805}  # 0 pt, sd 0.5 pt: 95 % interval +-1.24, 90 % +-0.84
+    arms = [Pair(f"arm{i}", "base", {0: 0.795 + 0.002 * i, 1: 0.81, 2: 0.80 - 0.001 * i}, base, margin=1.0)
+            for i in range(6)]  # fmt: skip
+    for c in compare(arms):
+        assert c.verdict == INCONCLUSIVE and c.sd_pooled == pytest.approx(compare(arms)[0].sd_pooled)
+        low, high = c.seeds_range
+        assert c.seeds_needed is None or (c.seeds_needed > 3 and low <= c.seeds_needed <= (high or 10**9))
+        assert re.search(r"about [0-9,]+ seeds \([0-9,]+ to [0-9,]+ over the pooled sd's", c.needed)
+
+
+def test_a_verdict_at_the_edge_of_its_margin_is_knife_edge_and_a_clear_one_is_robust():
+    base = dict.fromkeys(range(8), 0.80)
+    noise = [0.0015 * (-3, -2, -1, 0, 0, 1, 2, 3)[s] for s in range(8)]  # mean 0, sd 0.3 pt
+    clear, _ = _claim("L6", Pair("a", "base", {s: 0.80 + noise[s] for s in range(8)}, base, margin=1.0))
+    assert clear.status == SHOWN and not clear.knife_edge and "robust" in clear.replication
+    # the 90 % interval just inside -1 pt: shown, but a replicate would show it about half the time
+    edge = {s: 0.80 - 0.0072 + noise[s] for s in range(8)}
+    decision, (gap,) = _claim("L6", Pair("a", "base", edge, base, margin=1.0))
+    assert decision.status == SHOWN and decision.knife_edge and "knife-edge" in decision.replication
+    assert 0.3 < decision.replicates < 0.8 and gap.replicates == pytest.approx(decision.replicates)
+
+
+def test_an_equivalence_names_its_interval_and_its_adjustment():
+    """The TOST decides by the 90 % interval, at the level the Holm adjustment over both routes leaves."""
+    base = dict.fromkeys(range(4), 0.80)
+    arm = {0: 0.798, 1: 0.800, 2: 0.802, 3: 0.800}  # 0 pt, sd 0.16 pt
     (comparison,) = compare([Pair("arm", "base", arm, base, margin=1.0)])
-    assert comparison.verdict == EQUIVALENT and comparison.ci_low < -1.0 < 1.0 < comparison.ci_high
+    assert comparison.verdict == EQUIVALENT and comparison.tests == 2
     low, high = (float(v) for v in comparison.tost_interval.split("[")[1].rstrip("]").split(", "))
     assert -1.0 < low < high < 1.0
-    assert comparison.decision == f"equivalent within ±1 pt ({comparison.tost_interval})"
+    assert comparison.p_holm == pytest.approx(2 * comparison.p_within)
+    assert comparison.decision == (
+        f"equivalent within ±1 pt ({comparison.tost_interval}; Holm p = {comparison.p_holm:.2g} over 2)"
+    )

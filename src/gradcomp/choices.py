@@ -42,6 +42,8 @@ DEVICES = ("auto", "cpu", "cuda")  # or cuda:K, the K-th GPU
 OPTIMIZERS = ("sgd", "adamw")
 LR_SCHEDULES = ("cosine", "step", "constant")
 STEMS = ("model", "3x3", "3x3s2")  # the model's own first layers, or a small-image ResNet stem (models.py)
+# what a claim's deciding comparisons test (gradcomp.analysis.verdicts; "exact": computed, no seeds)
+CLAIM_TESTS = ("equivalence", "difference", "non-inferiority", "superiority", "exact")
 
 _CUDA_INDEX = re.compile(r"cuda:\d+")
 # annotation -> the values it accepts, for `typed`

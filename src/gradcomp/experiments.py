@@ -24,6 +24,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
+from gradcomp.choices import CLAIM_TESTS, choose
 from gradcomp.formats import parse_format
 from gradcomp.policies import Block, parse_policy
 
@@ -442,13 +443,15 @@ class Successors(CompareWithinModels):
     the uncompressed run of its model and scale, and the variance each arm's policy adds, measured on each
     baseline's trained models (`seeds`; None: every seed) over `batches` test batches and `draws` draws,
     next to `gradcomp.unbiased_theory`'s prediction; the two agree where the ln of their ratio is within
-    `theory_margin`."""
+    `theory_margin`. Single-sample LUQ decides claim Q1, non-inferior within `luq_margin` (accuracy points;
+    the paper's own loss, 1.1)."""
 
     reads_checkpoints: ClassVar[bool] = True
     seeds: tuple[int, ...] | None = None
     batches: int = 2
     draws: int = 2
     theory_margin: float = 0.25
+    luq_margin: float = 1.1
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -495,6 +498,40 @@ class RangePredictor(AtCheckpoint):
 
 # --- the registry -------------------------------------------------------------------------------------------
 @dataclass(frozen=True)
+class Budgets(Params):
+    """X4: headline arms and their references trained for each of `budgets` (epochs; run `<stem>_<b>ep`,
+    cosine schedule over the budget); `pairs`: (arm stem, reference stem, claim) each; `reference`: the fp32
+    stem, whose learning curves and gain between the two longest budgets show where accuracy levels off;
+    `replicates`: the budget at which the pairs replicate the claims' verdicts of config/default.yaml's full
+    scale (on other seeds). Gaps within `margin` points count as none."""
+
+    pairs: tuple[tuple[str, str, str], ...]
+    reference: str = "baseline"
+    budgets: tuple[int, ...] = (2, 4, 8)
+    replicates: int = 2
+    margin: float = 1.0
+
+    def __post_init__(self) -> None:
+        if len(self.budgets) < 3 or list(self.budgets) != sorted(set(self.budgets)):
+            raise ValueError(f"budgets must be at least 3 increasing epoch counts, got {list(self.budgets)}")
+        if self.replicates not in self.budgets:
+            raise ValueError(
+                f"replicates must be one of the budgets {list(self.budgets)}, got {self.replicates}"
+            )
+        for _, _, claim in self.pairs:
+            if claim not in CLAIMS:
+                raise ValueError(f"pairs: unknown claim {claim!r}; known: {list(CLAIMS)}")
+
+    @staticmethod
+    def run(stem: str, budget: int) -> str:
+        return f"{stem}_{budget}ep"
+
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
+        stems = [self.reference, *(stem for pair in self.pairs for stem in pair[:2])]
+        return list(dict.fromkeys(self.run(stem, b) for b in self.budgets for stem in stems))
+
+
+@dataclass(frozen=True)
 class Claim:
     """A verified claim of one of the two papers (from the reference digests: abstracts, theorems, the
     authors' code; no table values were available), decided by the experiment `experiment`."""
@@ -503,6 +540,11 @@ class Claim:
     experiment: str
     paper: str
     text: str
+    test: str  # how its deciding comparisons decide it (gradcomp.choices.CLAIM_TESTS)
+    margin: str  # why the margin (the value is a setting of the experiment)
+
+    def __post_init__(self) -> None:
+        choose(f"claim {self.id}'s test", self.test, CLAIM_TESTS)
 
 
 @dataclass(frozen=True)
@@ -546,6 +588,12 @@ LOGNORMAL = "Chmiel et al., ICLR 2021"
 STATQUANT = "Chen et al., NeurIPS 2020"
 LUQ = "Chmiel et al., ICLR 2023 (LUQ)"
 MVUE = "Chmiel, Hubara, Banner, Soudry, ICLR 2023 (MVUE N:M)"
+EQUIVALENCE, DIFFERENCE, NON_INFERIORITY, SUPERIORITY, EXACT = CLAIM_TESTS
+ACCURACY_MARGIN = (
+    "1 accuracy point: the smallest loss a user would act on, and about the seed-to-seed sd of fp32 accuracy "
+    "at these scales (0.5 to 1 pt)"
+)
+SPARSITY_MARGIN = "0.01 of sparsity: at 0.85, 7 % more or fewer kept elements than asked for"
 
 
 def register(
@@ -555,12 +603,13 @@ def register(
     stage: str,
     title: str,
     params: type[Params],
-    claims: Mapping[str, tuple[str, str]] | None = None,
+    claims: Mapping[str, tuple[str, str, str, str]] | None = None,
 ) -> None:
-    """Add an experiment; `claims`: claim ID -> (paper, claim) for each verified claim it decides."""
+    """Add an experiment; `claims`: claim ID -> (paper, claim, test, why the margin) for each verified claim
+    it decides."""
     EXPERIMENTS[id] = Experiment(id, slug, stage, title, params)
-    for claim, (paper, text) in (claims or {}).items():
-        CLAIMS[claim] = Claim(claim, id, paper, text)
+    for claim, (paper, text, test, margin) in (claims or {}).items():
+        CLAIMS[claim] = Claim(claim, id, paper, text, test, margin)
 
 
 register(
@@ -581,6 +630,8 @@ register(
             LOGNORMAL,
             "Neural-gradient magnitudes are heavy-tailed and near-lognormal: a lognormal fits them better "
             "than light-tailed (Gaussian, Laplace) models (abstract; Kolmogorov-Smirnov tests).",
+            SUPERIORITY,
+            "none: the claim is an ordering of fits (any consistent difference in the KS statistic)",
         )
     },
 )
@@ -603,6 +654,8 @@ register(
             "At the optimal scale the FP quantization MSE of a lognormal depends on sigma only, the optimal "
             "number of exponent bits grows with sigma, and [1,3,0] is the predicted FP4 format (analysis; "
             "the authors' code table).",
+            EXACT,
+            "none: computed exactly",
         )
     },
 )
@@ -616,6 +669,8 @@ register(
         "L3": (
             LOGNORMAL,
             "FP6 gradients train without accuracy degradation, with per-layer scaling (abstract; ImageNet).",
+            NON_INFERIORITY,
+            ACCURACY_MARGIN,
         )
     },
 )
@@ -637,11 +692,15 @@ register(
             LOGNORMAL,
             "The lognormal threshold sets the gradient sparsity level accurately: achieved equals target "
             "(abstract).",
+            EQUIVALENCE,
+            SPARSITY_MARGIN,
         ),
         "L5": (
             LOGNORMAL,
             "Gaussian and Laplace priors (Ye et al. 2019) mispredict the sparsity a threshold reaches on "
             "neural gradients (abstract: such priors fail for them).",
+            DIFFERENCE,
+            SPARSITY_MARGIN,
         ),
     },
 )
@@ -655,6 +714,8 @@ register(
         "L6": (
             LOGNORMAL,
             "Up to 85 % gradient sparsity on ResNet18 without accuracy loss (abstract; ImageNet).",
+            NON_INFERIORITY,
+            ACCURACY_MARGIN,
         )
     },
 )
@@ -676,6 +737,8 @@ register(
             LOGNORMAL,
             "The lognormal model explains the workloads where low-precision FP gradients fail: too few "
             "exponent bits for sigma, or one scale for layers with different mu (v1 abstract).",
+            SUPERIORITY,
+            "a run fails when it is worse than fp32 of its model beyond the accuracy margin",
         )
     },
 )
@@ -690,6 +753,8 @@ register(
             STATQUANT,
             "Per-tensor quantization (PTQ) wastes its range on neural gradients, whose samples have very "
             "different ranges; per-sample scales (PSQ, BHQ) use more of the bins (analysis).",
+            SUPERIORITY,
+            "none: the claim is an ordering",
         )
     },
 )
@@ -703,11 +768,15 @@ register(
         "S2": (
             STATQUANT,
             "PSQ and BHQ have a lower gradient variance than PTQ (theorem).",
+            SUPERIORITY,
+            "none: the claim is an ordering",
         ),
         "S3": (
             STATQUANT,
             "The quantization variance falls about 4x per extra gradient bit (variance bound "
             "N D R^2 / 4B^2).",
+            EQUIVALENCE,
+            "0.25 in ln of the per-bit factor: 4x within a factor 1.28, between 3.1x and 5.1x per bit",
         ),
     },
 )
@@ -722,6 +791,9 @@ register(
             STATQUANT,
             "With unbiased gradient quantizers the FQT gradient is an unbiased estimator of the QAT gradient "
             "(theorem).",
+            EQUIVALENCE,
+            "0.1 in the log-log slope of the error against draws: an unbiased mean falls with slope -1/2, "
+            "a bias flattens it",
         )
     },
 )
@@ -736,6 +808,8 @@ register(
             STATQUANT,
             "5-bit BHQ gradients lose only about 0.5 % top-1 accuracy against QAT (abstract; ResNet-50 on "
             "ImageNet).",
+            NON_INFERIORITY,
+            ACCURACY_MARGIN,
         )
     },
 )
@@ -765,11 +839,15 @@ register(
             "Neural gradients in LUQ's 4-bit logarithmic format (stochastic underflow, unbiased rounding "
             "between powers of two) train with little accuracy loss: ResNet-50 on ImageNet with all GEMMs in "
             "4 bits loses 1.1 % top-1 (abstract).",
+            NON_INFERIORITY,
+            "the paper's own loss: 1.1 accuracy points",
         ),
         "Q2": (
             MVUE,
             "The minimum-variance unbiased N:M mask of the neural gradient (1:2, 2:4) has a lower variance "
             "than other unbiased N:M estimators (theorem).",
+            SUPERIORITY,
+            "none: the claim is an ordering",
         ),
     },
 )
@@ -786,6 +864,13 @@ register(
     stage="statquant",
     title="Spread of per-sample gradient ranges as a predictor of the PSQ and BHQ gains",
     params=RangePredictor,
+)
+register(
+    id="X4",
+    slug="training_budget",
+    stage="convergence",
+    title="Accuracy gaps against the training budget: loss or slower convergence",
+    params=Budgets,
 )
 register(
     id="X3",

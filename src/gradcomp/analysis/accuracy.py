@@ -9,7 +9,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from gradcomp.analysis.claims import Decision, equivalent, undecided
+from gradcomp.analysis.claims import Decision, decide, deciding, undecided
 from gradcomp.analysis.runs import (
     Run,
     RunGroup,
@@ -157,9 +157,15 @@ class WithinModels:
     def arms_of(self, baseline: RunGroup) -> list[RunGroup]:
         return [arm for arm in self.arms if self.own[arm.name] is baseline]
 
-    def gap_pairs(self, margin: float) -> list[Pair]:
-        """Every arm against its baseline, in the order of `arms`."""
-        return [accuracy_pair(arm, self.own[arm.name], margin, self.label) for arm in self.arms]
+    def gap_pairs(self, margin: float, claims: Mapping[str, str | None] | None = None) -> list[Pair]:
+        """Every arm against its baseline, in the order of `arms`; `claims`: claim ID -> the run that
+        decides it (its gap is then that claim's deciding comparison)."""
+        deciders = {run: claim for claim, run in (claims or {}).items() if run}
+        pairs = []
+        for arm in self.arms:
+            pair = accuracy_pair(arm, self.own[arm.name], margin, self.label)
+            pairs += deciding(deciders[arm.name], [pair]) if arm.name in deciders else [pair]
+        return pairs
 
     def pairs(self, extra: Sequence[tuple[RunGroup, RunGroup]], margin: float) -> list[Pair]:
         """Comparisons between arms of one model and scale each (e.g. a prior against the lognormal)."""
@@ -208,10 +214,10 @@ def model_finding(models: WithinModels, baseline: RunGroup, gaps: Mapping[str, C
 
 
 def claim_of(claim: str, run: str | None, gaps: Mapping[str, Comparison]) -> list[Decision]:
-    """The decision of a no-loss claim from the gap of the run `run` names (none where no run is named;
-    inconclusive where the run is not trained)."""
+    """The decision of a no-loss claim from the gap of the run `run` names, declared as its deciding
+    comparison (`WithinModels.gap_pairs`; none where no run is named, inconclusive where it is untrained)."""
     if run is None:
         return []
     if run not in gaps:
         return [undecided(claim, f"run {run} is not trained by this configuration")]
-    return [equivalent(claim, [gaps[run]])]
+    return [decide(claim, [gaps[run]])]

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import numpy as np
 
-from gradcomp.analysis.claims import differs
+from gradcomp.analysis.claims import decide, deciding
 from gradcomp.analysis.fit import DISTRIBUTIONS, ks_statistics
 from gradcomp.analysis.runs import Run, RunGroup, training_context
 from gradcomp.analysis.seeds import FRACTION, POSITIVE, Estimate, PerSeed
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import BETTER, Pair, compare, summarise
+from gradcomp.analysis.verdicts import Pair, compare, summarise
 from gradcomp.experiments import AcrossModels, GoodnessOfFit
 from gradcomp.probe import load_probe
 
@@ -341,16 +341,16 @@ def goodness_of_fit(settings: GoodnessOfFit, runs: dict[str, RunGroup]) -> Resul
                     scale=group.scale,
                 )
             )
+    # L1's deciding comparisons: the lognormal against each light-tailed family
+    pairs = [
+        deciding("L1", [pair])[0] if pair.b.split(" (")[0] in settings.light_tailed else pair
+        for pair in pairs
+    ]
     comparisons = compare(pairs)
     size = len(others)
     findings = [
         f"{group.model}, mean D on all non-zero entries, {summarise(comparisons[i * size : (i + 1) * size])}."
         for i, group in enumerate(groups)
-    ]
-    light = [
-        c
-        for c, pair in zip(comparisons, pairs, strict=True)
-        if pair.b.split(" (")[0] in settings.light_tailed
     ]
     return Result(
         caption=_a2_caption(settings, groups),
@@ -360,7 +360,7 @@ def goodness_of_fit(settings: GoodnessOfFit, runs: dict[str, RunGroup]) -> Resul
         },
         comparisons=comparisons,
         findings=findings,
-        claims=[differs("L1", light, BETTER)],
+        claims=[decide("L1", comparisons)],
     )
 
 

@@ -20,12 +20,11 @@ from gradcomp.analysis.accuracy import (
     run_row,
     scale_note,
 )
-from gradcomp.analysis.claims import INCONCLUSIVE as INCONCLUSIVE_CLAIM
-from gradcomp.analysis.claims import REFUTED, SHOWN, Decision, computed
+from gradcomp.analysis.claims import Decision, computed, decide, deciding, undecided
 from gradcomp.analysis.runs import RunGroup, accuracy_estimate, model_key, training_context
-from gradcomp.analysis.seeds import ALPHA, POSITIVE, Estimate, PerSeed, number, spearman
+from gradcomp.analysis.seeds import POSITIVE, Estimate, PerSeed, number, spearman
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, compare, summarise
+from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, Pair, compare, summarise
 from gradcomp.compress import layer_log2_scale
 from gradcomp.experiments import CompareWithinModels, FailurePairs, FpTheory, Scaling
 from gradcomp.formats import FPFormat, parse_format
@@ -268,7 +267,8 @@ def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Resu
         "experiments.A5.baseline",
     )
     comparisons = compare(
-        models.gap_pairs(settings.margin) + models.pairs(models.schedules(), settings.margin)
+        models.gap_pairs(settings.margin, {"L3": settings.claim})
+        + models.pairs(models.schedules(), settings.margin)
     )
     gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
     rows = []
@@ -765,19 +765,46 @@ def _fit_finding(best: _Criterion, test: dict, fit_model: str) -> str:
     )
 
 
-def _fp_claim(best: _Criterion, test: dict, scale: str) -> Decision:
-    """L7 from the held-out test: shown where the fitted criterion beats "nothing fails" (sign test),
-    refuted where it loses, inconclusive otherwise."""
-    evidence = (
-        f"criterion fitted on one model ({best.text}); other models: right for {test['right']} of "
-        f'{test["decided"]} decided runs, "nothing fails" for {test["trivial"]}'
+def _held_out_pair(
+    best: _Criterion, rows: list[dict], models: WithinModels, fit_model: str, margin: float
+) -> Pair | None:
+    """L7's deciding comparison: per seed, the mean accuracy gap to fp32 of the other models' runs the
+    fitted criterion predicts to train, against that of the runs it predicts to fail (None where it
+    predicts every held-out run alike: nothing to compare)."""
+    held = [row["run"] for row in rows if row["model"] != fit_model]
+    fails = [run for run in held if bool(best.fails(next(r for r in rows if r["run"] == run)["prediction"]))]
+    trains = [run for run in held if run not in fails]
+    if not fails or not trains:
+        return None
+    arms = {arm.name: arm for arm in models.arms}
+
+    def mean_gap(names: list[str]) -> dict[int, float]:
+        shared = set.intersection(*(set(arms[n].seeds) & set(models.own[n].seeds) for n in names))
+        return {
+            seed: sum(arms[n].accuracy[seed] - models.own[n].accuracy[seed] for n in names) / len(names)
+            for seed in sorted(shared)
+        }
+
+    label = ", ".join
+    return Pair(
+        f"held-out runs predicted to train ({label(models.label(arms[n]) for n in trains)})",
+        f"those predicted to fail ({label(models.label(arms[n]) for n in fails)}), gap to fp32",
+        mean_gap(trains),
+        mean_gap(fails),
+        margin=margin,
+        scale="; ".join(dict.fromkeys(arms[n].scale for n in held)),
     )
-    if test["decided"] == 0 or math.isnan(test["p"]) or test["p"] >= ALPHA:
-        status = INCONCLUSIVE_CLAIM
-    else:
-        status = SHOWN if test["only_criterion"] > test["only_trivial"] else REFUTED
-    p = "" if math.isnan(test["p"]) else f" (sign test p = {test['p']:.2g})"
-    return Decision("L7", status, evidence + p, f"{test['decided']} runs", scale)
+
+
+def _fp_claim(best: _Criterion, fit_model: str, pair: Pair | None) -> tuple[Decision, list[Comparison]]:
+    """L7, decided on the models the criterion was not fitted on: the runs it predicts to train lose less
+    accuracy than those it predicts to fail, by more than the margin (superiority, paired by seed); its
+    comparison, for the experiment's table."""
+    fitted = f"; criterion fitted on {fit_model} ({best.text}), applied to the other models' runs"
+    if pair is None:
+        return undecided("L7", f"the criterion predicts every held-out run alike{fitted}"), []
+    comparisons = compare(deciding("L7", [pair]))
+    return decide("L7", comparisons, fitted), comparisons
 
 
 def _window_statement(row: dict) -> str:
@@ -880,8 +907,10 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
     rows = _arm_rows(models.arms, models.own, layers, gaps)
     fit_model = runs[settings.fit_on or settings.baselines[0]].model
     best, test = _fit_and_test(settings, rows, fit_model)
+    claim, held_out = _fp_claim(
+        best, fit_model, _held_out_pair(best, rows, models, fit_model, settings.margin)
+    )
     window, per_model, formats = _windows(settings, baselines, layers)
-    scale = "; ".join(dict.fromkeys(group.scale for group in models.arms))
     groups = {group.name: group for group in [*baselines, *models.arms]}
     swept = FloatingPoint(settings.format).format_label
     return Result(
@@ -905,7 +934,7 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
             "seeds": per_seed_table([*baselines, *models.arms]),
             "baseline": Table("fp32", [run_row(g) | {"model": g.model} for g in baselines], markdown=False),
         },
-        comparisons=comparisons,
+        comparisons=comparisons + held_out,
         findings=_a10_findings(settings, rows, (best, test, fit_model), per_model, formats),
-        claims=[_fp_claim(best, test, scale)],
+        claims=[claim],
     )

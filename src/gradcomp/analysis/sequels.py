@@ -10,6 +10,7 @@ gradients it compresses, relative to their energy, measured on the captured grad
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 from torch import Tensor
@@ -22,7 +23,7 @@ from gradcomp.analysis.accuracy import (
     run_row,
     scale_note,
 )
-from gradcomp.analysis.claims import differs, equivalent, undecided
+from gradcomp.analysis.claims import decide, deciding, undecided
 from gradcomp.analysis.gradients import (
     captured_gradients,
     fqt_weight_gradients,
@@ -33,7 +34,7 @@ from gradcomp.analysis.runs import RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import BETTER, Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import Pair, compare, one_sample, summarise
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
@@ -193,7 +194,13 @@ def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
     )
     variance = _variances(settings, models)
     theory, mvue = _theory_pairs(settings, models, variance), _mvue_pairs(models, variance)
-    comparisons = compare(models.gap_pairs(settings.margin) + theory + mvue)
+    # Q1's deciding comparisons: single-sample LUQ against fp32, non-inferior within the paper's own loss
+    luq = {a.name for a in models.arms if isinstance(a.policy, Luq) and a.policy.samples == 1}
+    gap = [
+        deciding("Q1", [replace(pair, margin=settings.luq_margin)])[0] if arm.name in luq else pair
+        for arm, pair in zip(models.arms, models.gap_pairs(settings.margin), strict=True)
+    ]
+    comparisons = compare(gap + theory + deciding("Q2", mvue))
     gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
     rows = []
     for baseline in models.baselines:
@@ -203,12 +210,9 @@ def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
             for arm in models.arms_of(baseline)
         ]
     gap_columns(rows, gaps)
-    luq = [gaps[a.name] for a in models.arms if isinstance(a.policy, Luq) and a.policy.samples == 1]
     claims = [
-        equivalent("Q1", luq) if luq else undecided("Q1", "no single-sample LUQ run"),
-        differs("Q2", comparisons[len(comparisons) - len(mvue) :], BETTER)
-        if mvue
-        else undecided("Q2", "no N:M run"),
+        decide("Q1", comparisons) if luq else undecided("Q1", "no single-sample LUQ run"),
+        decide("Q2", comparisons) if mvue else undecided("Q2", "no N:M run"),
     ]
     findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
     start = len(models.arms)

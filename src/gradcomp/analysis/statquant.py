@@ -24,7 +24,7 @@ from gradcomp.analysis.accuracy import (
     run_row,
     scale_note,
 )
-from gradcomp.analysis.claims import differs, equivalent
+from gradcomp.analysis.claims import decide, deciding
 from gradcomp.analysis.gradients import (
     bin_codes,
     fqt_weight_gradients,
@@ -48,7 +48,7 @@ from gradcomp.analysis.seeds import (
     spearman,
 )
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import BETTER, Comparison, Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import Comparison, Pair, compare, one_sample, summarise
 from gradcomp.choices import INT_SCHEMES
 from gradcomp.data import load_split
 from gradcomp.experiments import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
@@ -192,11 +192,10 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
                 codes_table += [
                     {"scheme": scheme, "code": code, "elements": int(n)} for code, n in enumerate(counts)
                 ]
-    comparisons = compare(
-        _scheme_pairs(
-            usage, "scheme", "entropy_bits", "bits of entropy", True, bounds=entropy_bounds, scale=group.scale
-        )
+    pairs = _scheme_pairs(
+        usage, "scheme", "entropy_bits", "bits of entropy", True, bounds=entropy_bounds, scale=group.scale
     )
+    comparisons = compare(deciding("S1", pairs[:2]) + pairs[2:])  # PSQ and BHQ against PTQ decide S1
     (spread,) = spreads.rows()
     findings = [
         f"Code entropy of {bits}-bit codes on {settings.layer}: {summarise(comparisons)}.",
@@ -215,7 +214,7 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
         },
         comparisons=comparisons,
         findings=findings,
-        claims=[differs("S1", comparisons[:2], BETTER)],
+        claims=[decide("S1", comparisons)],
         facts={"layer": settings.layer, "bits": bits},
     )
 
@@ -387,7 +386,9 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
         )
         for s in SCHEMES
     ]
-    comparisons = compare([*ordering, *fours, *_against_sampling(settings, group, points)])
+    # PSQ and BHQ against PTQ decide S2, every scheme's per-bit factor S3
+    deciders = [*deciding("S2", ordering[:2]), *ordering[2:], *deciding("S3", fours)]
+    comparisons = compare([*deciders, *_against_sampling(settings, group, points)])
     ranked, factors = comparisons[: len(ordering)], comparisons[len(ordering) : len(ordering) + len(fours)]
     keys = [(bits, scheme) for bits in settings.bits for scheme in SCHEMES]
     against = dict(zip(keys, comparisons[len(ordering) + len(fours) :], strict=True))
@@ -413,7 +414,7 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
         },
         comparisons=comparisons,
         findings=findings,
-        claims=[differs("S2", ranked[:2], BETTER), equivalent("S3", factors)],
+        claims=[decide("S2", comparisons), decide("S3", comparisons)],
         facts={"sampling_batches": settings.sampling_batches},
     )
 
@@ -456,20 +457,20 @@ def unbiasedness(settings: Unbiasedness, runs: dict[str, RunGroup]) -> Result:
             for k, error in zip(ks, curve, strict=True):
                 errors.add(seed, {"policy": name, "draws": k}, relative_error=error)
             slopes.add(seed, {"policy": name}, slope=float(np.polyfit(np.log(ks), np.log(curve), 1)[0]))
-    comparisons = compare(
-        [
-            one_sample(
-                f"{NAMES.get(name, name)} slope",
-                slopes.values({"policy": name}, "slope"),
-                UNBIASED_SLOPE,
-                unit="",
-                margin=settings.slope_margin,
-                higher_is_better=None,
-                scale=group.scale,
-            )
-            for name in policies
-        ]
-    )
+    slope_pairs = [
+        one_sample(
+            f"{NAMES.get(name, name)} slope",
+            slopes.values({"policy": name}, "slope"),
+            UNBIASED_SLOPE,
+            unit="",
+            margin=settings.slope_margin,
+            higher_is_better=None,
+            scale=group.scale,
+        )
+        for name in policies
+    ]
+    # the unbiased schemes' slopes decide S4 (the others are secondary)
+    comparisons = compare(deciding("S4", slope_pairs[: len(SCHEMES)]) + slope_pairs[len(SCHEMES) :])
     return Result(
         caption=_b3_caption(settings, group, ks[-1]),
         tables={
@@ -482,7 +483,7 @@ def unbiasedness(settings: Unbiasedness, runs: dict[str, RunGroup]) -> Result:
         },
         comparisons=comparisons,
         findings=[f"Log-log slopes against -0.5: {summarise(comparisons)}."],
-        claims=[equivalent("S4", comparisons[: len(SCHEMES)])],
+        claims=[decide("S4", comparisons)],
     )
 
 
@@ -514,7 +515,12 @@ def accuracy_table(settings: FqtAccuracy, runs: dict[str, RunGroup]) -> Result:
         if a in schemes and b in schemes
     ]
     pairs = [(qat, exact), *((group, qat) for group in fqt), *ladder]
-    comparisons = compare([accuracy_pair(a, b, settings.margin) for a, b in pairs])
+    compared = [accuracy_pair(a, b, settings.margin) for a, b in pairs]
+    compared = [
+        deciding("S5", [pair])[0] if a.name == settings.claim and b is qat else pair
+        for (a, b), pair in zip(pairs, compared, strict=True)
+    ]
+    comparisons = compare(compared)
     gaps = {a.name: c for (a, b), c in zip(pairs, comparisons, strict=True) if b is qat}
     ordered = sorted(fqt, key=lambda g: (-g.policy.bits, SCHEMES.index(g.policy.scheme)))
     rows = [

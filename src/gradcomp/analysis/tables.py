@@ -103,14 +103,18 @@ def _plain(value: Any) -> Any:
 
 
 def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
-    """The comparisons as a short table: what is compared, the difference with its 95 % interval, sign
-    consistency, the minimum detectable effect, the verdict and what would decide an open one."""
+    """The comparisons as a short table: their family (a claim's, or secondary), what is compared, the
+    difference with its 95 % interval, sign consistency, the minimum detectable effect, the verdict, what
+    would decide an open one and how likely a replicate is to reach the same verdict."""
     rows = []
     for comparison in map(Comparison.from_row, comparisons):
         unit = f" {comparison.unit}" if comparison.unit else ""
         open_ = comparison.verdict == INCONCLUSIVE
         rows.append(
             {
+                "family": f"claim {comparison.family} ({comparison.test})"
+                if comparison.family
+                else "secondary",
                 "comparison": f"{comparison.a} vs {comparison.b}",
                 "difference [95 % CI]": f"{comparison.difference:+.3g}{unit} {comparison.interval}",
                 "seeds agreeing": comparison.sign,
@@ -119,6 +123,9 @@ def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
                 else f"{number(comparison.mde)}{unit}",
                 "verdict": comparison.decision,
                 "to decide": comparison.needed if open_ else "",
+                "replicate": ""
+                if comparison.replicates is None
+                else f"{comparison.replicates:.2f}" + (" (knife-edge)" if comparison.knife_edge else ""),
             }
         )
     return rows
@@ -126,7 +133,12 @@ def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
 
 def claim_rows(claims: Sequence[dict]) -> list[dict]:
     return [
-        {"claim": d["claim"], "this configuration": d["evidence"], "at this scale": d["status"]}
+        {
+            "claim": d["claim"],
+            "this configuration": d["evidence"],
+            "at this scale": d["status"],
+            "replication": d.get("replication", ""),
+        }
         for d in claims
     ]
 
@@ -139,9 +151,8 @@ def record_markdown(record: Record) -> str:
     if record.claims:
         lines += ["## The papers' claims, at this scale", "", to_markdown(claim_rows(record.claims))]
     if record.comparisons:
-        tests = record.comparisons[0]["tests"]
         lines += [
-            f"## Paired comparisons across seeds (a - b; verdicts after Holm over {tests})",
+            "## Paired comparisons across seeds (a - b; verdicts after Holm over the routes of each family)",
             "",
             to_markdown(comparison_rows(record.comparisons)),
         ]

@@ -1,0 +1,37 @@
+"""Every claim's design can decide it: its deciding comparisons have the seeds a test needs, in every
+committed configuration's figures, and the default's claims table cites the convergence sweep."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from gradcomp.analysis.claims import decide, deciding, undecided
+from gradcomp.analysis.verdicts import Pair, compare
+from gradcomp.experiments import CLAIMS
+
+ROOT = Path(__file__).resolve().parents[1]
+COMMITTED = sorted((ROOT / "figures").glob("*/*.json"))
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
+def test_every_committed_claim_was_decidable_as_designed(path):
+    for row in json.loads(path.read_text()).get("claims", []):
+        assert row["decidable"], f"{row['claim']} cannot be decided as designed: {row['evidence']}"
+        assert row["claim"] in CLAIMS and row["replication"]
+
+
+def test_a_design_without_seeds_to_test_is_flagged():
+    base = {0: 0.8}
+    (single,) = compare(deciding("L6", [Pair("a", "b", {0: 0.79}, base, margin=1.0)]))
+    assert not decide("L6", [single]).decidable
+    assert not undecided("L6", "no run").decidable
+    two = compare(deciding("L6", [Pair("a", "b", {0: 0.79, 1: 0.8}, {0: 0.8, 1: 0.8}, margin=1.0)]))
+    assert decide("L6", two).decidable
+
+
+def test_the_default_claims_table_cites_the_convergence_sweep():
+    summary = (ROOT / "figures" / "default" / "SUMMARY.md").read_text()
+    assert "figures/converged" in summary and "on other seeds" in summary
