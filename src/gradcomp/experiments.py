@@ -817,7 +817,7 @@ register(
     id="C1",
     slug="block_formats",
     stage="blocks",
-    title="Block-scaled gradient formats (MX, NVFP4) in training, with and without the Hadamard transform",
+    title="Block-scaled gradient formats in training, next to per-layer FP formats",
     params=CompareWithinModels,
 )
 register(

@@ -76,6 +76,10 @@ def accuracy_pair(
 
 
 GAP = "gap_pt"  # the estimate a row's paired difference from its reference is written as
+GAP_PANEL = (
+    "Paired accuracy gap of each arm to the uncompressed run of its model and scale, in points (mean over "
+    "seeds with 95 % CI; dashed: no difference)"
+)  # what the gap panels of C1 and C3 show
 
 
 def gap_cells(gap: Comparison | None) -> dict[str, Any]:
@@ -153,6 +157,11 @@ class WithinModels:
     def label(self, group: RunGroup) -> str:
         """The group's label in comparisons (`distinct_labels`)."""
         return self.labels[group.name]
+
+    def baseline_table(self) -> Table:
+        """The uncompressed run of each model and scale (figures draw each scale's arms against its own)."""
+        rows = [{"model": self.name(b), "scale": b.scale, **run_row(b)} for b in self.baselines]
+        return Table("Uncompressed run of each model and scale", rows, markdown=False)
 
     def arms_of(self, baseline: RunGroup) -> list[RunGroup]:
         return [arm for arm in self.arms if self.own[arm.name] is baseline]

@@ -18,6 +18,7 @@ from collections import defaultdict
 import torch
 
 from gradcomp.analysis.accuracy import (
+    GAP_PANEL,
     WithinModels,
     gap_columns,
     model_finding,
@@ -61,9 +62,8 @@ def _c1_row(group: RunGroup) -> dict:
 
 def _c1_caption(models: WithinModels, margin: float, groups: dict[str, RunGroup]) -> str:
     formats = "; ".join(dict.fromkeys(models.label(arm) for arm in models.arms))
-    return f"""Final test accuracy (mean over seeds with 95 % CI, dots: every seed) of each arm against the
-        uncompressed run of its model and scale (dashed line and band): the output gradient of every
-        compressed layer in a block-scaled format, its two copies quantized apart with blocks along the
+    return f"""{GAP_PANEL}: the output gradient of every compressed layer in a block-scaled
+        format, its two copies quantized apart with blocks along the
         reduction axis of their GEMM (input gradient: the output features; weight gradient: the batch and
         positions), SR: stochastic rounding, H n: the random Hadamard transform of n elements first; next to
         per-layer FP formats (one power-of-two scale per layer, the lognormal paper's). Arms: {formats}.

@@ -274,7 +274,10 @@ def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Resu
     rows = []
     for baseline in models.baselines:
         ordered = sorted(map(_fp_row, models.arms_of(baseline)), key=lambda r: (-r["bits"], r["format"]))
-        rows += [{"model": models.name(baseline), **row} for row in [_fp_row(baseline), *ordered]]
+        rows += [
+            {"model": models.name(baseline), "reference": baseline.name, **row}
+            for row in [_fp_row(baseline), *ordered]
+        ]
     gap_columns(rows, gaps)
     findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
     if len(comparisons) > len(models.arms):
@@ -284,11 +287,7 @@ def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Resu
         caption=_a5_caption(models, groups),
         tables={
             "main": Table("Accuracy with FP gradient formats", rows, note=scale_note(groups)),
-            "baseline": Table(
-                "Uncompressed run of each model",
-                [{"model": models.name(b), **run_row(b)} for b in models.baselines],
-                markdown=False,
-            ),
+            "baseline": models.baseline_table(),
             "seeds": per_seed_table([*models.baselines, *models.arms]),
         },
         comparisons=comparisons,

@@ -16,6 +16,7 @@ import torch
 from torch import Tensor
 
 from gradcomp.analysis.accuracy import (
+    GAP_PANEL,
     WithinModels,
     gap_columns,
     model_finding,
@@ -34,7 +35,7 @@ from gradcomp.analysis.runs import RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import Comparison, Pair, compare, one_sample, summarise
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
@@ -171,9 +172,21 @@ def _mvue_pairs(models: WithinModels, variance: PerSeed) -> list[Pair]:
     ]
 
 
+def _prediction_miss(models: WithinModels, theory: list[Comparison]) -> str:
+    """Q2's evidence beside its ordering: how far each N:M arm's measured variance is from its own
+    prediction (a ratio, from the ln-ratio comparison against the theory)."""
+    nm = {f"{models.label(arm)} measured/predicted" for arm in models.arms if isinstance(arm.policy, NM)}
+    misses = [
+        f"{c.a}: {math.exp(c.difference):.3g}x [{math.exp(c.ci_low):.3g}x, {math.exp(c.ci_high):.3g}x], "
+        f"{c.decision}"
+        for c in theory
+        if c.a in nm and not math.isnan(c.ci_low)
+    ]
+    return f"; measured against its own prediction: {'; '.join(misses)}" if misses else ""
+
+
 def _c3_caption(settings: Successors, models: WithinModels, groups: dict[str, RunGroup]) -> str:
-    return f"""(a) Final test accuracy of each arm (mean over seeds with 95 % CI, dots: every seed) against
-        the uncompressed run of its model and scale (dashed line and band): LUQ (4-bit logarithmic, alpha
+    return f"""(a) {GAP_PANEL}: LUQ (4-bit logarithmic, alpha
         from the tensor's maximum; SMP: the mean of several draws), MVUE N:M (blocks along the output
         features), stochastic pruning with the lognormal threshold. {models.caption()}.
         {training_context(groups)}. (b) The variance each arm's policy adds, relative to the energy of what
@@ -212,7 +225,9 @@ def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
     gap_columns(rows, gaps)
     claims = [
         decide("Q1", comparisons) if luq else undecided("Q1", "no single-sample LUQ run"),
-        decide("Q2", comparisons) if mvue else undecided("Q2", "no N:M run"),
+        decide("Q2", comparisons, _prediction_miss(models, comparisons[len(gap) : len(gap) + len(theory)]))
+        if mvue
+        else undecided("Q2", "no N:M run"),
     ]
     findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
     start = len(models.arms)

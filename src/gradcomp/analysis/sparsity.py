@@ -424,7 +424,7 @@ def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup
             map(_prune_row, models.arms_of(baseline)),
             key=lambda r: (r["estimator"] != "lognormal", r["estimator"], r["target"]),
         )
-        rows += [{"model": models.name(baseline), **row} for row in arms]
+        rows += [{"model": models.name(baseline), "reference": baseline.name, **row} for row in arms]
     gap_columns(rows, gaps)
     kinds = _calibration([a for a in models.arms if isinstance(a.policy, Prune)])[2]
     findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
@@ -442,11 +442,7 @@ def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup
         tables={
             "main": Table("Accuracy vs gradient sparsity", rows, note=scale_note(groups)),
             **_kinds_table(kinds),
-            "baseline": Table(
-                "Uncompressed run of each model",
-                [{"model": models.name(b), **run_row(b)} for b in models.baselines],
-                markdown=False,
-            ),
+            "baseline": models.baseline_table(),
             "seeds": per_seed_table([*models.baselines, *models.arms], ACCURACY, SPARSITY),
         },
         comparisons=comparisons,

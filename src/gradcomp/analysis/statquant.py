@@ -152,7 +152,8 @@ def _b1_caption(settings: BinUsage, group: RunGroup) -> str:
         is set by the largest. (b-d) Histograms (log y) of the integer codes each element lands on at
         {settings.bits} bits (codes 0-{levels - 1}) under PTQ, PSQ and BHQ (quantize_int's own stochastic
         rounding), first seed: PTQ crowds most elements into a few central bins, per-sample scales (PSQ)
-        spread them, and the block Householder transform (BHQ) spreads them most. Table: bins used, code
+        and the block Householder transform (BHQ) spread them (which of the two spreads more: the
+        comparisons below). Table: bins used, code
         entropy and each scheme's quantization variance ({settings.draws} draws);
         {_measured(group, "measured on the gradients")}. Comparisons: code entropy, paired by seed, Holm over
         them."""

@@ -89,12 +89,13 @@ def _format_points(ax, record: Record, rows: list[dict], colour: str) -> None:
 
 
 def _by_model(record: Record) -> list[tuple[dict, list[dict]]]:
-    """Each model's baseline row (the `baseline` table) and the main rows of its compressed runs."""
+    """Each baseline row (the `baseline` table: one per model and scale) and the main rows of the compressed
+    runs compared with it: one panel each, so that no panel mixes training scales."""
     rows = record.rows()
     baselines = {row["run"]: row for row in record.rows("baseline")}
     return [
-        (row, [arm for arm in rows if arm.get("model") == row["model"] and arm["run"] not in baselines])
-        for row in baselines.values()
+        (row, [arm for arm in rows if arm.get("reference") == run and arm["run"] not in baselines])
+        for run, row in baselines.items()
     ]
 
 
@@ -106,8 +107,7 @@ def fp_formats(record: Record) -> Figure:
         _format_points(ax, record, arms, "C0")
         baseline_band(ax, baseline, "accuracy", baseline["label"])
         ax.set(ylabel="test accuracy", xlabel="gradient format")
-        if len(models) > 1:
-            ax.set_title(baseline["model"], fontsize=10)
+        ax.set_title(f"{baseline['model']}, {baseline['scale']}", fontsize=8, wrap=True)
         ax.legend(fontsize=8, loc="lower left")
     return figure
 
@@ -197,7 +197,7 @@ def failure_cases(record: Record) -> Figure:
     for model in dict.fromkeys(row["model"] for row in rows):
         baseline_band(ax, baselines[model], "accuracy", f"{model.split(' ')[0]} fp32")
     ax.set(ylabel="test accuracy", title="(a) failures (red) and fixes (green)")
-    ax.legend(fontsize=7, loc="lower left")
+    bands = ax.get_legend_handles_labels()  # drawn below the figure: inside, it would hide failing runs
 
     ax = axes[0][1]
     window = defaultdict(list)
@@ -220,10 +220,11 @@ def failure_cases(record: Record) -> Figure:
     ax.set(
         yscale="log",
         xlabel="log2 global loss scale",
-        ylabel="predicted relative MSE (dotted: per-layer rule)",
-        title="(b) predicted window of one global scale",
+        ylabel="predicted relative MSE",
+        title="(b) predicted window of one global scale\n(dotted: the per-layer rule)",
     )
-    figure.legend(*ax.get_legend_handles_labels(), loc="outside lower center", ncol=4, fontsize=7)
+    handles, names = ax.get_legend_handles_labels()
+    figure.legend(bands[0] + handles, bands[1] + names, loc="outside lower center", ncol=6, fontsize=7)
 
     ax = axes[0][2]
     arms = record.rows("arms")

@@ -131,10 +131,14 @@ def target_vs_achieved_sparsity(record: Record) -> Figure:
 def accuracy_vs_sparsity(record: Record) -> Figure:
     rows = record.rows()
     baselines = record.rows("baseline")
-    first = baselines[0]
+    # (a): the first model's arms at the scale most of them ran at, against fp32 of that scale
+    first = max(
+        (b for b in baselines if b["model"] == baselines[0]["model"]),
+        key=lambda b: sum(row.get("reference") == b["run"] for row in rows),
+    )
     figure, axes = subplots(ncols=2, width=5.8, height=4.8)
     ax = axes[0][0]
-    mine = [row for row in rows if row["model"] == first["model"]]
+    mine = [row for row in rows if row.get("reference") == first["run"]]
     seeds = defaultdict(list)
     for row in record.rows("seeds"):
         seeds[row["run"]].append((row["sparsity"], row["accuracy"]))
@@ -155,18 +159,19 @@ def accuracy_vs_sparsity(record: Record) -> Figure:
         points = [p for p in seeds[row["run"]] if p[0] is not None]
         ax.scatter([p[0] for p in points], [p[1] for p in points], s=8, color="k", alpha=0.4, linewidths=0)
     baseline_band(ax, first, "accuracy", f"no pruning: {first['label']}")
-    ax.set(xlabel="achieved gradient sparsity", ylabel="test accuracy", title=f"(a) {first['model']}")
+    ax.set(xlabel="achieved gradient sparsity", ylabel="test accuracy")
+    ax.set_title(f"(a) {first['model']}, {first['scale']}", fontsize=8, wrap=True)
     ax.legend(fontsize=8, loc="lower left")
     ax = axes[0][1]
     for index, baseline in enumerate(baselines):
         arms = sorted(
-            (r for r in rows if r["model"] == baseline["model"]), key=lambda r: value(r, "sparsity")
+            (r for r in rows if r.get("reference") == baseline["run"]), key=lambda r: value(r, "sparsity")
         )
         x = [value(r, "sparsity") for r in arms]
         gap_points(ax, arms, x, color=f"C{index}")
         for row, position in zip(arms, x, strict=True):
-            if index == 0 and row.get("verdict") not in ("better", "worse"):
-                continue  # the first model's arms are named in (a); label only its decided ones here
+            if baseline is first and row.get("verdict") not in ("better", "worse"):
+                continue  # (a) names these arms; label only their decided ones here
             ax.annotate(
                 row["label"],
                 (position, value(row, "gap_pt")),
@@ -174,11 +179,13 @@ def accuracy_vs_sparsity(record: Record) -> Figure:
                 xytext=(4, 2),
                 textcoords="offset points",
             )
-        ax.plot([], [], "o", color=f"C{index}", label=baseline["model"])
+        ax.plot(
+            [], [], "o", color=f"C{index}", label=f"{baseline['model']}, {baseline['scale'].split(', ')[-1]}"
+        )
     ax.axhline(0, color="k", linewidth=0.8)
     ax.set(
         xlabel="achieved gradient sparsity",
-        ylabel="accuracy - fp32 of its model (pt)",
+        ylabel="accuracy - fp32 of its model and scale (pt)",
         title="(b) every arm against fp32 (filled: better or worse)",
     )
     ax.legend(fontsize=8, loc="lower left")
