@@ -21,6 +21,7 @@ from gradcomp.analysis.runs import (
 from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
 from gradcomp.analysis.tables import Table
 from gradcomp.analysis.verdicts import Comparison, Pair, summarise
+from gradcomp.datasets import lookup
 
 
 @dataclass(frozen=True)
@@ -33,6 +34,15 @@ class Quantity:
 
 
 ACCURACY = Quantity("accuracy", lambda run: run.accuracy, FRACTION)
+COLLAPSED = 2.0  # a run whose mean accuracy is below this many times chance (1 / classes) has collapsed
+
+
+def collapsed(group: RunGroup) -> bool:
+    """Whether the run's mean test accuracy is near chance (below COLLAPSED times 1 / classes): flagged in
+    every table and comparison that uses it, since its gap measures a failure to train, not a loss."""
+    return accuracy_estimate(group).mean < COLLAPSED / lookup(group.config["dataset"]).classes
+
+
 SPARSITY = Quantity("sparsity", lambda run: run.sparsity, FRACTION)
 
 
@@ -42,6 +52,8 @@ def run_row(group: RunGroup, *quantities: Quantity) -> dict[str, Any]:
     row: dict[str, Any] = {"run": group.name, "label": group.label, "seeds": len(group.runs)}
     for quantity in quantities or (ACCURACY,):
         row |= group.estimate(quantity.read, quantity.bounds).columns(quantity.name)
+    if ACCURACY in (quantities or (ACCURACY,)):
+        row["collapsed"] = collapsed(group)
     return row
 
 
@@ -69,10 +81,15 @@ def scale_note(groups: Mapping[str, RunGroup]) -> str:
 def accuracy_pair(
     a: RunGroup, b: RunGroup, margin: float | None, label: Callable[[RunGroup], str] | None = None
 ) -> Pair:
-    """The accuracy comparison a - b in points, each arm named by `label` (default: its label)."""
-    label = label or (lambda group: group.label)
+    """The accuracy comparison a - b in points, each arm named by `label` (default: its label; "[collapsed]"
+    added to a run near chance)."""
+    name = label or (lambda group: group.label)
+
+    def named(group: RunGroup) -> str:
+        return name(group) + (" [collapsed]" if collapsed(group) else "")
+
     scale = a.scale if a.scale == b.scale else f"{a.scale} vs {b.scale}"
-    return Pair(label(a), label(b), a.accuracy, b.accuracy, margin=margin, scale=scale)
+    return Pair(named(a), named(b), a.accuracy, b.accuracy, margin=margin, scale=scale)
 
 
 GAP = "gap_pt"  # the estimate a row's paired difference from its reference is written as
