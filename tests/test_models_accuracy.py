@@ -104,7 +104,9 @@ def test_each_fp_arm_is_compared_with_the_baseline_of_its_own_model(tmp_path):
     prefix = tmp_path / "A5"
     write_result(result, "A5", "A5", prefix)
     figure = experiments()["A5"].draw(Record.load(prefix.with_suffix(".json")))
-    assert [ax.get_title() for ax in figure.axes] == ["resnet18", "mobilenetv2_035"]
+    titles = [ax.get_title() for ax in figure.axes]  # one panel per model and scale, each naming both
+    assert [title.split(",")[0] for title in titles] == ["resnet18", "mobilenetv2_035"]
+    assert all("steps" in title for title in titles)
     save_figure(figure, "A5", prefix)
 
 
