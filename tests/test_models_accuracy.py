@@ -180,7 +180,7 @@ def test_a_prior_is_compared_with_the_lognormal_curve_of_its_own_model_at_matche
     prefix = tmp_path / "A8"
     write_result(result, "A8", "A8", prefix)
     figure = experiments()["A8"].draw(Record.load(prefix.with_suffix(".json")))
-    assert figure.axes[0].get_title() == "(a) resnet18"
+    assert figure.axes[0].get_title().startswith("(a) resnet18, ")  # the model and the scale of its arms
     save_figure(figure, "A8", prefix)
 
 
