@@ -1,5 +1,6 @@
-"""Every claim's design can decide it: its deciding comparisons have the seeds a test needs, in every
-committed configuration's figures, and the default's claims table cites the convergence sweep."""
+"""Every claim's design can decide it: a config whose deciding runs lack the seeds a paired test needs is
+refused before anything runs, every committed configuration's claims were decidable, and the default's
+claims table cites the convergence sweep."""
 
 from __future__ import annotations
 
@@ -7,10 +8,12 @@ import json
 from pathlib import Path
 
 import pytest
+import yaml
 
 from gradcomp.analysis.claims import decide, deciding, undecided
 from gradcomp.analysis.verdicts import Pair, compare
 from gradcomp.experiments import CLAIMS
+from gradcomp.pipeline import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted((ROOT / "figures").glob("*/*.json"))
@@ -35,3 +38,14 @@ def test_a_design_without_seeds_to_test_is_flagged():
 def test_the_default_claims_table_cites_the_convergence_sweep():
     summary = (ROOT / "figures" / "default" / "SUMMARY.md").read_text()
     assert "figures/converged" in summary and "on other seeds" in summary
+
+
+def test_a_config_whose_design_cannot_decide_a_claim_is_refused_before_running():
+    config = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
+    config["runs"]["prune_85"]["seeds"] = [0]
+    with pytest.raises(ValueError, match=r"experiments\.A8\.claim: run prune_85 is trained with 1 seed"):
+        check_config(config)
+    config = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
+    config["experiments"]["B3"]["seeds"] = [0]
+    with pytest.raises(ValueError, match=r"experiments\.B3\.seeds: run qat8 is measured at 1 seed"):
+        check_config(config)

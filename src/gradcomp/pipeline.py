@@ -200,3 +200,26 @@ def check_config(config: Mapping[str, Any]) -> None:
             if untrained:
                 where = f"config key experiments.{experiment}.seeds"
                 raise ValueError(f"{where}: run {run} is not trained with seeds {untrained}")
+        _check_claim_design(config, experiment, settings)
+
+
+def _check_claim_design(config: Mapping[str, Any], experiment: str, settings: Any) -> None:
+    """A claim's design must be able to decide it before anything runs: its deciding runs (the settings'
+    `claim`), or the models an experiment with claims measures, need at least 2 seeds for a paired test."""
+    claims = [claim.id for claim in experiments()[experiment].claims if claim.test != "exact"]
+    if not claims:
+        return
+    named = getattr(settings, "claim", None)
+    for run in [named] if isinstance(named, str) else list(named or ()):
+        if run in config["runs"] and len(seeds(config, run)) < 2:
+            raise ValueError(
+                f"config key experiments.{experiment}.claim: run {run} is trained with "
+                f"{len(seeds(config, run))} seed; claims {claims} need at least 2 to be decided"
+            )
+    if settings.reads_checkpoints:
+        for run, chosen in experiment_reads(config, experiment).items():
+            if len(chosen) < 2:
+                raise ValueError(
+                    f"config key experiments.{experiment}.seeds: run {run} is measured at {len(chosen)} "
+                    f"seed; claims {claims} need at least 2 to be decided"
+                )
