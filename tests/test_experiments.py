@@ -19,7 +19,8 @@ from gradcomp.plots.style import save_figure
 from gradcomp.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-CONFIGS = ["config/default.yaml", "config/cifar10.yaml", "config/imagenet.yaml", "tests/pipeline_tiny.yaml"]
+SHIPPED = ("default", "gpu", "gpu_headline", "converged", "cifar10", "imagenet")
+CONFIGS = [*(f"config/{name}.yaml" for name in SHIPPED), "tests/pipeline_tiny.yaml"]
 TINY = yaml.safe_load((ROOT / "tests" / "pipeline_tiny.yaml").read_text())
 TRAINED = ("baseline", "qat8", "other_baseline")  # measured at checkpoints (A1-A3, A10 probe; B1-B3, X2)
 

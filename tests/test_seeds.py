@@ -134,11 +134,23 @@ def test_each_kind_of_difference_gets_its_verdict():
     assert "4 of 8 seeds lower" in noisy_comparison.statement
     # a large difference short of significance: what would decide it is finding it, not equivalence
     spread = {s: 0.75 + (0.04 if s % 2 else -0.05) for s in range(3)}
-    nulls = [Pair(f"null{i}", "base", base, base) for i in range(9)]
-    large = compare([Pair("large", "base", spread, base, margin=1.0), *nulls])[0]
+    nulls = [Pair(f"null{i}", "base", base, base, family="question") for i in range(9)]
+    large = compare([Pair("large", "base", spread, base, margin=1.0, family="question"), *nulls])[0]
     assert large.verdict == INCONCLUSIVE and large.seeds_needed < 20
     assert large.statement.endswith(f"about {needed} seeds would find a difference of this size beyond ±1 pt)"
                                     .replace(str(needed), str(large.seeds_needed)))  # fmt: skip
+
+
+def test_a_secondary_pair_has_one_verdict_whatever_is_compared_beside_it():
+    base = dict.fromkeys(range(4), 0.80)
+    arm = {s: 0.78 + d for s, d in enumerate([0.004, -0.003, 0.002, -0.001])}
+    alone = compare([Pair("arm", "base", arm, base, margin=1.0)])[0]
+    others = [Pair(f"other{i}", "base", base, base, margin=1.0) for i in range(20)]
+    crowded = compare([*others, Pair("arm", "base", arm, base, margin=1.0)])[-1]
+    assert alone.verdict == crowded.verdict == WORSE and alone.tests == crowded.tests == 2
+    # in a named family (a claim's or a question's) the same pair is adjusted with its family
+    family = [replace(pair, family="L0") for pair in [*others, Pair("arm", "base", arm, base, margin=1.0)]]
+    assert compare(family)[-1].tests == 42
 
 
 def test_a_small_significant_difference_inside_the_margin_is_equivalent():
@@ -168,9 +180,9 @@ def test_a_loss_inside_the_margin_is_never_worse_and_more_seeds_show_it():
 def test_seeds_to_decide_account_for_the_adjustment_and_exceed_the_seeds_used():
     base = dict.fromkeys(range(3), 0.80)
     edge = {0: 0.70, 1: 0.66, 2: 0.74}  # -10 pt, sd 4 pt: significant alone, not after Holm over 40
-    nulls = [Pair(f"null{i}", "base", base, base) for i in range(39)]
+    nulls = [Pair(f"null{i}", "base", base, base, family="L0") for i in range(39)]
     alone = compare([Pair("edge", "base", edge, base)])[0]
-    adjusted = compare([Pair("edge", "base", edge, base), *nulls])[0]
+    adjusted = compare([Pair("edge", "base", edge, base, family="L0"), *nulls])[0]
     assert alone.verdict == WORSE and adjusted.verdict == INCONCLUSIVE
     assert adjusted.seeds_needed > 3 and str(adjusted.seeds_needed) in adjusted.needed
 
@@ -201,9 +213,10 @@ def test_the_holm_adjustment_turns_a_lone_significant_difference_inconclusive_am
     (alone,) = compare([Pair("arm", "base", arm, base)])
     assert 0.005 < alone.p < 0.05 and alone.verdict == BETTER
     nulls = [
-        Pair(f"null{i}", "base", {s: 0.80 + 0.01 * ((s + i) % 2) for s in range(4)}, base) for i in range(20)
+        Pair(f"null{i}", "base", {s: 0.80 + 0.01 * ((s + i) % 2) for s in range(4)}, base, family="L0")
+        for i in range(20)
     ]
-    crowded = compare([Pair("arm", "base", arm, base), *nulls])[0]
+    crowded = compare([Pair("arm", "base", arm, base, family="L0"), *nulls])[0]
     assert crowded.p == pytest.approx(alone.p) and crowded.p_holm > 0.05 and crowded.tests == 21
     assert crowded.verdict == INCONCLUSIVE
 
@@ -299,7 +312,8 @@ def test_a_claim_is_its_own_family_apart_from_the_secondary_comparisons():
     ]
     decision, comparisons = _claim("L6", same, secondary=nulls)
     assert comparisons[0].family == "L6" and comparisons[0].tests == 2  # both routes of one comparison
-    assert {c.tests for c in comparisons[1:]} == {18} and decision.status == SHOWN
+    # each secondary comparison is a family of its own (both routes)
+    assert {c.tests for c in comparisons[1:]} == {2} and decision.status == SHOWN
 
 
 def test_seeds_to_decide_plan_with_the_pooled_sd_and_never_the_seeds_used():

@@ -46,6 +46,9 @@ rule compute:
         ),
     log:
         f"{RESULTS}/logs/compute_{{exp}}_{{slug}}.log",
+    # wall time and peak memory of each experiment's computation (e.g. to size a configuration)
+    benchmark:
+        f"{RESULTS}/benchmarks/compute_{{exp}}_{{slug}}.tsv"
     conda:
         "../envs/gradcomp.yaml"
     threads: 1

@@ -2,13 +2,15 @@
 # its folder results/<config>/runs/<run>/seed<k>/, and writes a manifest (the job's output). The job's output
 # goes to its log, which Snakemake deletes before every attempt (a retry under the profile's `retries`, or a
 # rerun), and is appended to <log stem>.attempts.log, which keeps every attempt's output, each after a line
-# with its start time and host. An attempt resumes every pair from its checkpoint: finished pairs only
-# rewrite their summaries.
+# with its start time and host; its wall time and memory go to results/<config>/benchmarks/. An attempt
+# resumes every pair from its checkpoint: finished pairs only rewrite their summaries.
 rule train:
     output:
         f"{RESULTS}/jobs/{{job}}.json",
     log:
         f"{RESULTS}/logs/train_{{job}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train_{{job}}.tsv"
     conda:
         "../envs/gradcomp.yaml"
     threads: job_threads(config)

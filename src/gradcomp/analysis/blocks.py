@@ -31,7 +31,15 @@ from gradcomp.analysis.runs import RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import (
+    EQUIVALENT,
+    INCONCLUSIVE,
+    Comparison,
+    Pair,
+    compare,
+    one_sample,
+    summarise,
+)
 from gradcomp.block_format import BlockFormat
 from gradcomp.block_theory import block_statistics, per_tensor_statistics
 from gradcomp.compress import layer_log2_scale
@@ -45,6 +53,9 @@ from gradcomp.policies import Block, FloatingPoint, parse_policy
 _LN2 = math.log(2.0)
 PER_LAYER = "per layer"
 QUANTITIES = ("flushed", "clipped", "mse")
+# C2's two questions, each its own Holm family
+THEORY = "theory against measurement"
+VERSUS = "block formats against one scale per layer"
 
 
 # --- C1 -----------------------------------------------------------------------------------------------------
@@ -119,18 +130,27 @@ def _layer(g: torch.Tensor) -> tuple[float, float, int] | None:
     return mu / _LN2, sigma / _LN2, int(moments[0])
 
 
+def _relative_mse(g: torch.Tensor, element, log2_scale: float) -> tuple[torch.Tensor, float]:
+    """The layer quantized at one scale, and its error energy over the gradient's."""
+    out = quantize_fp(g, element, scale=2.0**log2_scale, backend="torch")
+    return out, float((out.double() - g.double()).square().sum() / g.double().square().sum())
+
+
 def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
-    """(measured (flushed, clipped, mse), predicted ErrorShares) of the element format with one scale for
-    the layer, the one of least predicted MSE for its lognormal fit."""
+    """(measured (flushed, clipped, mse), predicted ErrorShares, scale checked) of the element format with
+    one scale for the layer: A6's per_layer_optimal rule (A4's MSE-optimal scale for the layer's lognormal
+    fit). Checked: 1 when the measured MSE at that scale is no larger than at half and twice it (the
+    comparator is not a weak scale), else 0."""
     element = fmt.element_format
     policy = FloatingPoint(format=element.name, scaling="per_layer_optimal")
     log2_scale = float(layer_log2_scale(policy, torch.tensor(mu2), torch.tensor(sigma2)))
-    out = quantize_fp(g, element, scale=2.0**log2_scale, backend="torch")
+    out, mse = _relative_mse(g, element, log2_scale)
     nonzero = g != 0
     flushed = float((nonzero & (out == 0)).sum() / nonzero.sum().clamp_min(1))
     clipped = float((g.abs() * 2.0**log2_scale > element.max_value).double().mean())
-    mse = float((out.double() - g.double()).square().sum() / g.double().square().sum())
-    return (flushed, clipped, mse), per_tensor_statistics(element, sigma2, log2_scale + mu2)
+    neighbours = [_relative_mse(g, element, log2_scale + step)[1] for step in (-1.0, 1.0)]
+    checked = float(mse <= min(neighbours))
+    return (flushed, clipped, mse), per_tensor_statistics(element, sigma2, log2_scale + mu2), checked
 
 
 def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block]) -> PerSeed:
@@ -158,9 +178,11 @@ def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block
                     _accumulate(totals[name], measured, predicted, nonzero, g.numel(), energy)
                 for element in dict.fromkeys(policy.format.element for policy in arms.values()):
                     fmt = next(p.format for p in arms.values() if p.format.element == element)
-                    measured, predicted = _per_layer(g, fmt, mu2, sigma2)
+                    measured, predicted, checked = _per_layer(g, fmt, mu2, sigma2)
                     key = f"{fmt.element_format.name} {PER_LAYER}"
                     _accumulate(totals[key], measured, predicted, nonzero, g.numel(), energy)
+                    totals[key]["layers"] += 1
+                    totals[key]["scale_best"] += checked
         for name, total in totals.items():
             values = {
                 "flushed": total["flushed"] / total["nonzero"],
@@ -172,6 +194,8 @@ def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block
             }
             usable = values["mse"] > 0 and values["predicted_mse"] > 0
             values["ln_ratio"] = math.log(values["mse"] / values["predicted_mse"]) if usable else None
+            if total["layers"]:
+                values["scale_best"] = total["scale_best"] / total["layers"]
             per_seed.add(seed, {"arm": name}, **values)
     return per_seed
 
@@ -217,6 +241,7 @@ def _c2_pairs(settings: BlockTheory, family: str, errors: PerSeed, arms: dict[st
                 higher_is_better=None,
                 unit="ln",
                 bounds=LINEAR,
+                family=THEORY,
             )
         )
     for label, policy in arms.items():
@@ -234,9 +259,39 @@ def _c2_pairs(settings: BlockTheory, family: str, errors: PerSeed, arms: dict[st
                     higher_is_better=False,
                     unit="ln",
                     bounds=LINEAR,
+                    family=VERSUS,
                 )
             )
     return pairs
+
+
+def _theory_finding(theory: list[Comparison], arms: dict[str, Block], margin: float) -> str:
+    """Where the theory holds and where it fails, by kind of arm: without the transform, after it, and one
+    scale per layer."""
+    kinds = {"without the transform": [], "after the Hadamard transform": [], "with one scale per layer": []}
+    for c in theory:
+        arm = next((label for label in arms if f" {label} measured" in c.a), None)
+        kind = (
+            "with one scale per layer"
+            if arm is None
+            else "after the Hadamard transform"
+            if arms[arm].hadamard
+            else "without the transform"
+        )
+        kinds[kind].append(c)
+    parts = []
+    for kind, members in kinds.items():
+        if not members:
+            continue
+        outside = [c for c in members if c.verdict not in (EQUIVALENT, INCONCLUSIVE)]
+        low, high = min(c.difference for c in members), max(c.difference for c in members)
+        parts.append(
+            f"{kind}, the measured MSE is off the prediction by more than a factor e^{margin:g} in "
+            f"{len(outside)} of {len(members)} (family, format) arms and within it in "
+            f"{sum(c.verdict == EQUIVALENT for c in members)} (measured/predicted from "
+            f"{math.exp(low):.2g}x to {math.exp(high):.2g}x)"
+        )
+    return "The theory, by kind of arm: " + "; ".join(parts) + "."
 
 
 def _c2_caption(settings: BlockTheory, groups: list[RunGroup], arms: dict[str, Block]) -> str:
@@ -247,13 +302,14 @@ def _c2_caption(settings: BlockTheory, groups: list[RunGroup], arms: dict[str, B
         relative MSE weighted by its energy, as measured; blocks are modelled as iid draws): filled markers
         without the transform, open ones after the random Hadamard transform of {settings.hadamard} elements
         (modelled as Gaussian), squares: one scale per layer (the element format at the scale of least
-        predicted MSE). (b) The share of non-zero values flushed to zero, measured against predicted. (c) ln
+        predicted MSE, A6's per_layer_optimal rule; checked against half and twice that scale). (b) The
+        share of non-zero values flushed to zero, measured against predicted. (c) ln
         of each block format's measured MSE over that of one scale per layer with its element format (below
         0: blocks win), with the theory's prediction (x). Formats: {", ".join(arms)}; nearest rounding,
         blocks along the output features. Models: {", ".join(f"{g.name} ({g.model})" for g in groups)},
         {settings.batches} test batch(es) in eval mode, {seeds}. Comparisons: measured against predicted (ln
         ratio, equivalence within ±{settings.theory_margin:g}) and blocks against one scale per layer, each
-        over seeds, Holm over all."""
+        over seeds, each question its own Holm family."""
 
 
 def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
@@ -275,14 +331,22 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
             if ratios:
                 predicted_wins[f"{group.name} {label} MSE"] = sum(ratios) / len(ratios)
     comparisons = compare(pairs)
-    theory = [c for c in comparisons if c.a.endswith("measured/predicted MSE")]
-    versus = [c for c in comparisons if not c.a.endswith("measured/predicted MSE")]
+    theory = [c for c in comparisons if c.family == THEORY]
+    versus = [c for c in comparisons if c.family == VERSUS]
     agree = sum(1 for c in versus if (predicted_wins.get(c.a, math.nan) < 0) == (c.difference < 0))
+    checked = [row["scale_best_mean"] for row in rows if row.get("scale_best_mean") is not None]
     findings = [
-        f"Theory against measurement (MSE): {summarise(theory)}.",
-        f"Block formats against one scale per layer: {summarise(versus)}.",
+        _theory_finding(theory, arms, settings.theory_margin),
+        f"Theory against measurement (MSE; its own family): {summarise(theory)}.",
+        f"Block formats against one scale per layer (its own family): {summarise(versus)}.",
         f"The theory predicts the sign of the block/per-layer MSE difference in {agree} of {len(versus)} "
         "cases.",
+        "The per-layer comparator takes A6's per_layer_optimal scale (A4's MSE-optimal scale for each "
+        "layer's lognormal fit); its measured MSE is no larger than at half or twice that scale in "
+        f"{min(checked):.0%} to {max(checked):.0%} of the layers (per family and element format, mean over "
+        "seeds)."
+        if checked
+        else "The per-layer comparator's scale was not checked (no layer had a fit).",
     ]
     versus_rows = [
         {"comparison": c.a, "measured_ln_ratio": c.difference, "low": c.ci_low, "high": c.ci_high,

@@ -15,6 +15,7 @@ from typing import Any
 from gradcomp.analysis.claims import Decision
 from gradcomp.analysis.seeds import Estimate, number
 from gradcomp.analysis.verdicts import INCONCLUSIVE, Comparison
+from gradcomp.experiments import CLAIMS
 
 
 @dataclass
@@ -102,6 +103,16 @@ def _plain(value: Any) -> Any:
     return value
 
 
+def _family(comparison: Comparison) -> str:
+    """A claim's family with its test ("claim L6 (non-inferiority)", also "claim L6 at 8 epochs ..."), a
+    named question's, or "secondary"."""
+    if not comparison.family:
+        return "secondary"
+    if comparison.family.split()[0] in CLAIMS:
+        return f"claim {comparison.family} ({comparison.test})"
+    return comparison.family
+
+
 def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
     """The comparisons as a short table: their family (a claim's, or secondary), what is compared, the
     difference with its 95 % interval, sign consistency, the minimum detectable effect, the verdict, what
@@ -112,9 +123,7 @@ def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
         open_ = comparison.verdict == INCONCLUSIVE
         rows.append(
             {
-                "family": f"claim {comparison.family} ({comparison.test})"
-                if comparison.family
-                else "secondary",
+                "family": _family(comparison),
                 "comparison": f"{comparison.a} vs {comparison.b}",
                 "difference [95 % CI]": f"{comparison.difference:+.3g}{unit} {comparison.interval}",
                 "seeds agreeing": comparison.sign,

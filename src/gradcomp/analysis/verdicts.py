@@ -2,9 +2,11 @@
 
 Two arms are compared on the seeds they share, paired by seed (the same seed is the same initialisation,
 data order and random bits), through the per-seed differences a - b. Each comparison belongs to one family:
-the deciding comparisons of a claim (declared with the claim, `family` = its ID) or the experiment's other,
-secondary comparisons (`family` = ""). Each comparison has two routes to a verdict, tested at 0.05 after the
-Holm adjustment over every route of its family (equivalence and difference tests in one family):
+the deciding comparisons of a claim (declared with the claim, `family` = its ID), a named question's (e.g.
+C2's theory against measurement), or a secondary comparison (`family` = ""), which is a family of its own:
+exploratory, it reaches the same verdict in every experiment that prints it. Each comparison has two routes
+to a verdict, tested at 0.05 after the Holm adjustment over every route of its family (equivalence and
+difference tests in one family):
 
 * for a two-sided comparison (`test` equivalence or difference, and every secondary one): *equivalent within
   +-m* when both one-sided tests (TOST) place the difference inside the declared margin m; *better* / *worse*
@@ -285,20 +287,23 @@ class Comparison:
 
 def compare(pairs: Sequence[Pair]) -> list[Comparison]:
     """The comparisons of one experiment, each Holm-adjusted over the routes of its family (the claim it
-    decides, or the experiment's secondary comparisons), each with its verdict."""
+    decides, a named question, or itself where secondary), each with its verdict."""
     tested = [_paired(pair) for pair in pairs]
     pooled = _pooled_sds(pairs, tested)
     adjusted: list[dict] = [{} for _ in pairs]
-    counts: dict[str, int] = {}
-    for family in dict.fromkeys(pair.family for pair in pairs):
-        members = [i for i, pair in enumerate(pairs) if pair.family == family]
+    # a secondary comparison is its own family, so that a pair of runs reaches one verdict in every
+    # experiment that prints it
+    keys = [pair.family or i for i, pair in enumerate(pairs)]
+    counts: dict[str | int, int] = {}
+    for family in dict.fromkeys(keys):
+        members = [i for i, key in enumerate(keys) if key == family]
         routes = [(i, route) for i in members for route in ("p", "p_within") if tested[i][route] is not None]
         for (i, route), p_holm in zip(routes, holm([tested[i][route] for i, route in routes]), strict=True):
             adjusted[i][route] = p_holm
         counts[family] = sum(not math.isnan(tested[i][route]) for i, route in routes)
     comparisons = []
-    for pair, t, holm_p, sd_pooled in zip(pairs, tested, adjusted, pooled, strict=True):
-        tests = counts[pair.family]
+    for key, pair, t, holm_p, sd_pooled in zip(keys, pairs, tested, adjusted, pooled, strict=True):
+        tests = counts[key]
         beyond, within = holm_p.get("p", math.nan), holm_p.get("p_within", math.nan)
         if within < ALPHA:
             verdict = {NON_INFERIORITY: NONINFERIOR, SUPERIORITY: WORSE}.get(pair.test, EQUIVALENT)
