@@ -20,6 +20,7 @@ from gradcomp.analysis.runs import (
 )
 from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
 from gradcomp.analysis.tables import Table
+from gradcomp.analysis.verdicts import GAP as GAP_ROLE
 from gradcomp.analysis.verdicts import Comparison, Pair, summarise
 from gradcomp.datasets import lookup
 
@@ -79,20 +80,28 @@ def scale_note(groups: Mapping[str, RunGroup]) -> str:
 
 
 def accuracy_pair(
-    a: RunGroup, b: RunGroup, margin: float | None, label: Callable[[RunGroup], str] | None = None
+    a: RunGroup,
+    b: RunGroup,
+    margin: float | None,
+    label: Callable[[RunGroup], str] | None = None,
+    role: str = GAP_ROLE,
 ) -> Pair:
-    """The accuracy comparison a - b in points, each arm named by `label` (default: its label; "[collapsed]"
-    added to a run near chance)."""
+    """The accuracy comparison a - b in points in `role` (arm a, baseline b), each arm named by `label`
+    (default: its label; "[collapsed]" added to a run near chance)."""
     name = label or (lambda group: group.label)
 
     def named(group: RunGroup) -> str:
         return name(group) + (" [collapsed]" if collapsed(group) else "")
 
     scale = a.scale if a.scale == b.scale else f"{a.scale} vs {b.scale}"
-    return Pair(named(a), named(b), a.accuracy, b.accuracy, margin=margin, scale=scale)
+    return Pair(
+        named(a), named(b), a.accuracy, b.accuracy, margin=margin, scale=scale, role=role, arm=a.name,
+        baseline=b.name,
+    )  # fmt: skip
 
 
 GAP = "gap_pt"  # the estimate a row's paired difference from its reference is written as
+SCHEDULE = "schedule"  # the role of an arm against the same policy with the default schedule
 GAP_PANEL = (
     "Paired accuracy gap of each arm to the uncompressed run of its model and scale, in points (mean over "
     "seeds with 95 % CI; dashed: no difference)"
@@ -193,12 +202,13 @@ class WithinModels:
             pairs += deciding(deciders[arm.name], [pair]) if arm.name in deciders else [pair]
         return pairs
 
-    def pairs(self, extra: Sequence[tuple[RunGroup, RunGroup]], margin: float) -> list[Pair]:
-        """Comparisons between arms of one model and scale each (e.g. a prior against the lognormal)."""
+    def pairs(self, extra: Sequence[tuple[RunGroup, RunGroup]], margin: float, role: str) -> list[Pair]:
+        """Comparisons in `role` between (arm, baseline) runs of one model and scale each (e.g. a prior
+        against the lognormal)."""
         for a, b in extra:
             if model_key(a) != model_key(b):
                 raise ValueError(f"{a.name!r} and {b.name!r} are runs of different models or scales")
-        return [accuracy_pair(a, b, margin, self.label) for a, b in extra]
+        return [accuracy_pair(a, b, margin, self.label, role) for a, b in extra]
 
     def schedules(self) -> list[tuple[RunGroup, RunGroup]]:
         """(arm, the arm of the same policy, model and scale with the default schedule): where an arm

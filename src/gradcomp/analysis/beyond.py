@@ -22,7 +22,17 @@ from gradcomp.analysis.runs import Run, RunGroup, model_key, training_context
 from gradcomp.analysis.seeds import FRACTION, POSITIVE, Estimate
 from gradcomp.analysis.synthetic import signed_lognormal
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, compare, summarise
+from gradcomp.analysis.verdicts import (
+    BETTER,
+    EQUIVALENT,
+    FAMILIES,
+    GAP,
+    WORSE,
+    Comparison,
+    compare,
+    having,
+    summarise,
+)
 from gradcomp.compress import GradientCopy, LayerStats, chain_seed, compress
 from gradcomp.experiments import EveryRun, PruneWithFp
 from gradcomp.policies import Chain, FloatingPoint
@@ -62,7 +72,7 @@ def _x1_caption(model: str, runs: dict[str, RunGroup]) -> str:
         over seeds, both axes; runs of other models or scales are left out) against the bits its compressed
         neural gradients take per element. {BITS_RULE} The line joins the runs on the Pareto front of the
         means (no other run has fewer bits and a higher mean accuracy); whether a front run differs from
-        fp32 is tested below (paired by seed, Holm over them, equivalence by two one-sided tests at the
+        fp32 is tested below (paired by seed, {FAMILIES}, equivalence by two one-sided tests at the
         settings' margin), and the differences between neighbouring runs are judged in A5, A8 and B4.
         {training_context(runs)}."""
 
@@ -177,6 +187,7 @@ def _layer_statistics(groups: list[RunGroup]) -> tuple[str, dict[str, tuple[floa
     return "", {}
 
 
+CHAIN = "chain"  # X3: a chain of policies against one of its members alone
 MECHANISM_KEYS = ("flushed_share", "saturated_share", "mass_change", "flushed_elements", "log2_scale")
 
 
@@ -280,7 +291,7 @@ def _x3_caption(settings: PruneWithFp, arms: list[RunGroup], runs: dict[str, Run
         prune-then-FP, where the survivors of pruning (including the values raised to the threshold alpha)
         are rounded to the FP format, against fp32 (dashed line and band). FP scaling, as the runs' policies
         set it: {_scaling_rules(arms)}. {BITS_RULE} {training_context(runs)}. Comparisons: each chain against
-        each of its members alone, and every run against fp32; paired by seed, Holm over them, equivalence
+        each of its members alone, and every run against fp32; paired by seed, {FAMILIES}, equivalence
         by two one-sided tests at the settings' margin. (b) The mechanism, on {settings.elements:,} synthetic
         signed lognormal values per layer with each layer's measured (mu, sigma) (the threshold fitted on
         all of them: no BatchNorm mask): the share of the |g| mass the FP stage saturates (clamps at the
@@ -293,15 +304,18 @@ def prune_plus_fp(settings: PruneWithFp, runs: dict[str, RunGroup]) -> Result:
     baseline = runs[settings.baseline]
     arms = [group for group in settings.present(settings.runs, runs) if group.name != settings.baseline]
     chains = [group for group in arms if _members(group, arms)]
-    pairs = [(chain, member) for chain in chains for member in _members(chain, arms)]
-    pairs += [(arm, baseline) for arm in arms]
-    comparisons = compare([accuracy_pair(a, b, settings.margin) for a, b in pairs])
+    comparisons = compare(
+        [
+            *(accuracy_pair(c, m, settings.margin, role=CHAIN) for c in chains for m in _members(c, arms)),
+            *(accuracy_pair(arm, baseline, settings.margin) for arm in arms),
+        ]
+    )
     rows = [
         {**run_row(group, ACCURACY, BITS), "policy": group.policy.describe()} for group in [baseline, *arms]
     ]
     mechanism_rows, layer_rows = [], []
-    findings = [f"{baseline_text(baseline)}; {summarise(comparisons[len(pairs) - len(arms) :])}."]
-    by_pair = {(a.name, b.name): c for (a, b), c in zip(pairs, comparisons, strict=True)}
+    findings = [f"{baseline_text(baseline)}; {summarise(having(comparisons, GAP))}."]
+    by_pair = {(c.arm, c.baseline): c for c in having(comparisons, CHAIN)}
     for chain in chains:
         if not any(isinstance(p, FloatingPoint) for p in chain.policy.policies):
             continue

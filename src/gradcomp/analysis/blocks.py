@@ -33,9 +33,11 @@ from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
     EQUIVALENT,
+    FAMILIES,
     INCONCLUSIVE,
     Comparison,
     Pair,
+    by_arm,
     compare,
     one_sample,
     summarise,
@@ -79,7 +81,7 @@ def _c1_caption(models: WithinModels, margin: float, groups: dict[str, RunGroup]
         positions), SR: stochastic rounding, H n: the random Hadamard transform of n elements first; next to
         per-layer FP formats (one power-of-two scale per layer, the lognormal paper's). Arms: {formats}.
         {models.caption()}. {training_context(groups)}. Each arm against its baseline, paired by seed,
-        Holm over the comparisons, equivalence within ±{margin:g} pt."""
+        {FAMILIES}, equivalence within ±{margin:g} pt."""
 
 
 def block_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
@@ -90,7 +92,7 @@ def block_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> R
         "experiments.C1.baseline",
     )
     comparisons = compare(models.gap_pairs(settings.margin))
-    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=True)}
+    gaps = by_arm(comparisons)
     rows = []
     for baseline in models.baselines:
         ordered = sorted(map(_c1_row, models.arms_of(baseline)), key=lambda r: (-r["bits"], r["format"]))

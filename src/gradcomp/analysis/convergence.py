@@ -12,8 +12,10 @@ from gradcomp.analysis.claims import decide, deciding
 from gradcomp.analysis.runs import RunGroup
 from gradcomp.analysis.seeds import LINEAR, PerSeed
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Comparison, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import Comparison, by_arm, compare, having, one_sample, summarise
 from gradcomp.experiments import Budgets
+
+TREND, PLATEAU = "trend", "plateau"  # an arm's gap slope over the budgets; fp32's last doubling
 
 
 def _curves(group: RunGroup) -> PerSeed:
@@ -76,22 +78,27 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
             "0 (no catching up)",
             unit="pt per doubling",
             scale="budgets " + ", ".join(map(str, settings.budgets)),
+            role=TREND,
+            arm=arm,
         )
         for arm, reference, _ in settings.pairs
     ]
     fp32 = [runs[settings.run(settings.reference, b)] for b in settings.budgets]
-    plateau = accuracy_pair(fp32[-1], fp32[-2], settings.margin)
+    plateau = accuracy_pair(fp32[-1], fp32[-2], settings.margin, role=PLATEAU)
     comparisons = compare([*pairs, *trends, plateau])
-    gaps = comparisons[: len(pairs)]
-    for row, gap in zip(rows, gaps, strict=True):
-        row |= gap_cells(gap)
-    slopes = dict(zip([arm for arm, _, _ in settings.pairs], comparisons[len(pairs) : -1], strict=True))
+    gaps = by_arm(comparisons)
+    for row in rows:
+        row |= gap_cells(gaps[settings.run(row["arm"], row["budget"])])
+    slopes = by_arm(comparisons, TREND)
     findings = [
-        f"{arm}: gap {', '.join(_gap_text(g, b) for g, b in _of(gaps, rows, arm))}; trend: "
+        f"{arm}: gap "
+        f"{', '.join(_gap_text(gaps[settings.run(arm, b)], b) for b in settings.budgets)}; trend: "
         f"{slopes[arm].statement}."
         for arm, _, _ in settings.pairs
     ]
-    findings.append(f"fp32 from {settings.budgets[-2]} to {longest} epochs: {summarise([comparisons[-1]])}.")
+    findings.append(
+        f"fp32 from {settings.budgets[-2]} to {longest} epochs: {summarise(having(comparisons, PLATEAU))}."
+    )
     replications = [
         decide(claim, comparisons, family=f"{claim} at {settings.replicates} epochs").row()
         for _, _, claim in settings.pairs
@@ -122,10 +129,6 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
             "margin": settings.margin,
         },
     )
-
-
-def _of(gaps: list[Comparison], rows: list[dict], arm: str) -> list[tuple[Comparison, int]]:
-    return [(gap, row["budget"]) for gap, row in zip(gaps, rows, strict=True) if row["arm"] == arm]
 
 
 def _gap_text(gap: Comparison, budget: int) -> str:

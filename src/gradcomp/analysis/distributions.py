@@ -11,7 +11,7 @@ from gradcomp.analysis.fit import DISTRIBUTIONS, ks_statistics
 from gradcomp.analysis.runs import Run, RunGroup, training_context
 from gradcomp.analysis.seeds import FRACTION, POSITIVE, Estimate, PerSeed
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Pair, compare, summarise
+from gradcomp.analysis.verdicts import FAMILIES, Pair, compare, having, summarise
 from gradcomp.experiments import AcrossModels, GoodnessOfFit
 from gradcomp.probe import load_probe
 
@@ -305,7 +305,7 @@ def _a2_caption(settings: GoodnessOfFit, groups: list[RunGroup]) -> str:
         the same layers. Bottom left: the lognormal D per model and population; bottom right: the share of
         layers where each family fits best (mean over seeds), per model and population. {_context(groups)}.
         Table: mean D over layers, mean and 95 % CI over the seeds; comparisons, on all non-zero entries
-        paired by seed, Holm over them: on every model the lognormal's mean D against each other family's
+        paired by seed, {FAMILIES}: on every model the lognormal's mean D against each other family's
         (better: the lognormal fits better); the claim holds where it fits better than each light-tailed
         family ({", ".join(settings.light_tailed)}) on every model."""
 
@@ -339,18 +339,17 @@ def goodness_of_fit(settings: GoodnessOfFit, runs: dict[str, RunGroup]) -> Resul
                     factor=1.0,
                     higher_is_better=False,
                     scale=group.scale,
+                    role=group.model,
+                    arm="lognormal",
+                    baseline=family,
                 )
             )
     # L1's deciding comparisons: the lognormal against each light-tailed family
-    pairs = [
-        deciding("L1", [pair])[0] if pair.b.split(" (")[0] in settings.light_tailed else pair
-        for pair in pairs
-    ]
+    pairs = [deciding("L1", [pair])[0] if pair.baseline in settings.light_tailed else pair for pair in pairs]
     comparisons = compare(pairs)
-    size = len(others)
     findings = [
-        f"{group.model}, mean D on all non-zero entries, {summarise(comparisons[i * size : (i + 1) * size])}."
-        for i, group in enumerate(groups)
+        f"{group.model}, mean D on all non-zero entries, {summarise(having(comparisons, group.model))}."
+        for group in groups
     ]
     return Result(
         caption=_a2_caption(settings, groups),

@@ -11,6 +11,7 @@ from scipy import stats
 
 from gradcomp import fp_theory
 from gradcomp.analysis.accuracy import (
+    SCHEDULE,
     WithinModels,
     claim_of,
     gap_cells,
@@ -24,7 +25,18 @@ from gradcomp.analysis.claims import Decision, computed, decide, deciding, undec
 from gradcomp.analysis.runs import RunGroup, accuracy_estimate, model_key, training_context
 from gradcomp.analysis.seeds import POSITIVE, Estimate, PerSeed, number, spearman
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, Pair, compare, summarise
+from gradcomp.analysis.verdicts import (
+    BETTER,
+    EQUIVALENT,
+    FAMILIES,
+    WORSE,
+    Comparison,
+    Pair,
+    by_arm,
+    compare,
+    having,
+    summarise,
+)
 from gradcomp.compress import layer_log2_scale
 from gradcomp.experiments import CompareWithinModels, FailurePairs, FpTheory, Scaling
 from gradcomp.formats import FPFormat, parse_format
@@ -36,6 +48,8 @@ _LN2 = math.log(2.0)
 MONTE_CARLO_FORMATS = ("e5m2", "e4m3", "e4m1", "e3m1", "e3m0")
 MONTE_CARLO_SIGMAS = (1.5, 3.0)
 SCALE_SIGMAS = (1.0, 2.0, 3.0, 4.0)  # sigma2 of the curves of panel (a)
+RULE, SPLIT, FIX = "rule", "split", "fix"  # A6: a scaling rule against the reference rule; the theory's split
+# against the others; A10: a failing run against its fix
 FP4 = 4  # the bit width of the claim's predicted format [1,3,0]
 
 
@@ -255,8 +269,8 @@ def _a5_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
         model (mean and 95 % CI). Points: mean over seeds with 95 % CI; dots: each seed. Models
         ({models.caption()}). {training_context(runs)}. Each format is compared with the uncompressed run of
         its own model and scale, paired by seed (same initialisation and data order), and an arm that only
-        starts compressing later with the same arm at the default schedule; verdicts after Holm over the
-        comparisons, equivalence by two one-sided tests at the settings' margin."""
+        starts compressing later with the same arm at the default schedule; verdicts after {FAMILIES},
+        equivalence by two one-sided tests at the settings' margin."""
 
 
 def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
@@ -268,9 +282,9 @@ def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Resu
     )
     comparisons = compare(
         models.gap_pairs(settings.margin, {"L3": settings.claim})
-        + models.pairs(models.schedules(), settings.margin)
+        + models.pairs(models.schedules(), settings.margin, SCHEDULE)
     )
-    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
+    gaps = by_arm(comparisons)
     rows = []
     for baseline in models.baselines:
         ordered = sorted(map(_fp_row, models.arms_of(baseline)), key=lambda r: (-r["bits"], r["format"]))
@@ -280,8 +294,8 @@ def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Resu
         ]
     gap_columns(rows, gaps)
     findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
-    if len(comparisons) > len(models.arms):
-        findings.append(f"Schedules: {summarise(comparisons[len(models.arms) :])}.")
+    if having(comparisons, SCHEDULE):
+        findings.append(f"Schedules: {summarise(having(comparisons, SCHEDULE))}.")
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
     return Result(
         caption=_a5_caption(models, groups),
@@ -347,8 +361,8 @@ def _a6_caption(models: WithinModels, references: dict, splits: list[RunGroup], 
         theory (saturating grid with subnormals) predicts from the mean sigma2 measured in these runs (the
         mean over layers and seeds of each layer's last fit). Models ({models.caption()}).
         {training_context(runs)}. Comparisons: each other scaling against the per-layer mean rule of its
-        model and format, each split against the predicted one; paired by seed, verdicts after Holm over the
-        comparisons, equivalence by two one-sided tests at the margin."""
+        model and format, each split against the predicted one; paired by seed, verdicts after {FAMILIES},
+        equivalence by two one-sided tests at the margin."""
 
 
 def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
@@ -364,8 +378,10 @@ def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
     versus = [(g, own[g.name]) for g in scaled if own[g.name] is not None and own[g.name] is not g]
     sigma2, predicted, chosen = _predicted_split(splits)
     split_pairs = [(g, chosen) for g in splits if chosen is not None and g is not chosen]
-    comparisons = compare(models.pairs([*versus, *split_pairs], settings.margin))
-    against = {a.name: c for (a, _), c in zip(versus, comparisons, strict=False)}
+    comparisons = compare(
+        models.pairs(versus, settings.margin, RULE) + models.pairs(split_pairs, settings.margin, SPLIT)
+    )
+    against = by_arm(comparisons, RULE)
     split_names = {group.name for group in splits}
     rows = [
         {
@@ -392,7 +408,7 @@ def scaling_and_split(settings: Scaling, runs: dict[str, RunGroup]) -> Result:
     if chosen is not None:
         findings.append(
             f"From the mean sigma2 {sigma2:.2f} measured in the split runs the theory predicts "
-            f"{_fp_member(chosen).format_label}; {summarise(comparisons[len(versus) :])}."
+            f"{_fp_member(chosen).format_label}; {summarise(having(comparisons, SPLIT))}."
         )
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
     return Result(
@@ -840,7 +856,7 @@ def _a10_caption(settings: FailurePairs, baselines: list[RunGroup], runs: dict[s
         sensitivity over the grids {", ".join(map(str, settings.clipped_grid))} and
         {", ".join(map(str, settings.flushed_grid))} is tabulated), counted over all values (element
         criterion) or in any one layer (every-layer criterion). Training decides a run: it fails when
-        significantly worse than fp32 of its model (paired by seed, Holm over the comparisons), trains when
+        significantly worse than fp32 of its model (paired by seed, {FAMILIES}), trains when
         equivalent within ±{settings.margin:g} pt (two one-sided tests), and is undecided otherwise. (a) Each
         failing configuration (red) next to its fix (green): final test accuracy, mean and 95 % CI over seeds
         and every seed, with the uncompressed run of its model (band). (b) Predicted relative MSE of {swept}
@@ -851,8 +867,9 @@ def _a10_caption(settings: FailurePairs, baselines: list[RunGroup], runs: dict[s
         model (95 % CI; filled: fails, hollow: trains or undecided). {training_context(runs)}."""
 
 
-def _pair_rows(fixes: list[tuple[RunGroup, RunGroup]], recoveries: list[Comparison]) -> list[dict]:
+def _pair_rows(fixes: list[tuple[RunGroup, RunGroup]], comparisons: list[Comparison]) -> list[dict]:
     """Each (failing, fixing) pair: both runs' accuracies and the fix's paired gain."""
+    gains = {(c.arm, c.baseline): c for c in having(comparisons, FIX)}
     return [
         {
             "failing": failing.label,
@@ -862,9 +879,9 @@ def _pair_rows(fixes: list[tuple[RunGroup, RunGroup]], recoveries: list[Comparis
             "fixing_run": fixing.name,
             **accuracy_estimate(failing).columns("failing_accuracy"),
             **accuracy_estimate(fixing).columns("fixing_accuracy"),
-            **gap_cells(comparison),
+            **gap_cells(gains[fixing.name, failing.name]),
         }
-        for (failing, fixing), comparison in zip(fixes, recoveries, strict=True)
+        for failing, fixing in fixes
     ]
 
 
@@ -900,10 +917,9 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
     fixes = [(runs[a], runs[b]) for a, b in settings.pairs if a in runs and b in runs]  # (failing, fixing)
     arms = settings.present([*(run for pair in settings.pairs for run in pair), *settings.arms], runs)
     models = WithinModels.of(baselines, arms, "experiments.A10.baselines")
-    pairs = models.pairs([(fixing, failing) for failing, fixing in fixes], settings.margin)
+    pairs = models.pairs([(fixing, failing) for failing, fixing in fixes], settings.margin, FIX)
     comparisons = compare(pairs + models.gap_pairs(settings.margin))
-    gaps = dict(zip([arm.name for arm in models.arms], comparisons[len(pairs) :], strict=True))
-    rows = _arm_rows(models.arms, models.own, layers, gaps)
+    rows = _arm_rows(models.arms, models.own, layers, by_arm(comparisons))
     fit_model = runs[settings.fit_on or settings.baselines[0]].model
     best, test = _fit_and_test(settings, rows, fit_model)
     claim, held_out = _fp_claim(
@@ -917,7 +933,7 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
         tables={
             "main": Table(
                 "Failures of low-bit FP gradients and their fixes",
-                _pair_rows(fixes, comparisons[: len(pairs)]),
+                _pair_rows(fixes, comparisons),
                 note=scale_note(groups),
             ),
             "arms": Table(

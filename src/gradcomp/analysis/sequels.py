@@ -35,7 +35,7 @@ from gradcomp.analysis.runs import RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Comparison, Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import Comparison, Pair, by_arm, compare, having, one_sample, summarise
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
@@ -43,6 +43,8 @@ from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.ops.stats import log_moments
 from gradcomp.policies import NM, Luq, Policy, Prune
 from gradcomp.unbiased_theory import luq_variance, nm_variance, prune_variance
+
+THEORY, NAIVE = "theory", "naive"  # an arm's variance against its prediction; N:M's against the naive one
 
 
 def predicted_variance(policy: Policy, g: Tensor) -> float | None:
@@ -147,6 +149,8 @@ def _theory_pairs(settings: Successors, models: WithinModels, variance: PerSeed)
             unit="ln",
             bounds=LINEAR,
             scale=arm.scale,
+            role=THEORY,
+            arm=arm.name,
         )
         for arm in models.arms
         if variance.values({"run": arm.name}, "ln_ratio")
@@ -166,6 +170,8 @@ def _mvue_pairs(models: WithinModels, variance: PerSeed) -> list[Pair]:
             unit="ln",
             bounds=LINEAR,
             scale=arm.scale,
+            role=NAIVE,
+            arm=arm.name,
         )
         for arm in models.arms
         if isinstance(arm.policy, NM) and variance.values({"run": arm.name}, "neural")
@@ -175,12 +181,12 @@ def _mvue_pairs(models: WithinModels, variance: PerSeed) -> list[Pair]:
 def _prediction_miss(models: WithinModels, theory: list[Comparison]) -> str:
     """Q2's evidence beside its ordering: how far each N:M arm's measured variance is from its own
     prediction (a ratio, from the ln-ratio comparison against the theory)."""
-    nm = {f"{models.label(arm)} measured/predicted" for arm in models.arms if isinstance(arm.policy, NM)}
+    nm = {arm.name for arm in models.arms if isinstance(arm.policy, NM)}
     misses = [
         f"{c.a}: {math.exp(c.difference):.3g}x [{math.exp(c.ci_low):.3g}x, {math.exp(c.ci_high):.3g}x], "
         f"{c.decision}"
-        for c in theory
-        if c.a in nm and not math.isnan(c.ci_low)
+        for c in having(theory, THEORY)
+        if c.arm in nm and not math.isnan(c.ci_low)
     ]
     return f"; measured against its own prediction: {'; '.join(misses)}" if misses else ""
 
@@ -210,11 +216,11 @@ def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
     # Q1's deciding comparisons: single-sample LUQ against fp32, non-inferior within the paper's own loss
     luq = {a.name for a in models.arms if isinstance(a.policy, Luq) and a.policy.samples == 1}
     gap = [
-        deciding("Q1", [replace(pair, margin=settings.luq_margin)])[0] if arm.name in luq else pair
-        for arm, pair in zip(models.arms, models.gap_pairs(settings.margin), strict=True)
+        deciding("Q1", [replace(pair, margin=settings.luq_margin)])[0] if pair.arm in luq else pair
+        for pair in models.gap_pairs(settings.margin)
     ]
     comparisons = compare(gap + theory + deciding("Q2", mvue))
-    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
+    gaps = by_arm(comparisons)
     rows = []
     for baseline in models.baselines:
         rows.append({"model": models.name(baseline), "policy": "none", **run_row(baseline)})
@@ -225,17 +231,16 @@ def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
     gap_columns(rows, gaps)
     claims = [
         decide("Q1", comparisons) if luq else undecided("Q1", "no single-sample LUQ run"),
-        decide("Q2", comparisons, _prediction_miss(models, comparisons[len(gap) : len(gap) + len(theory)]))
+        decide("Q2", comparisons, _prediction_miss(models, comparisons))
         if mvue
         else undecided("Q2", "no N:M run"),
     ]
     findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
-    start = len(models.arms)
     if theory:
-        measured = summarise(comparisons[start : start + len(theory)])
+        measured = summarise(having(comparisons, THEORY))
         findings.append(f"Variance, measured against the theory: {measured}.")
     if mvue:
-        naive = summarise(comparisons[start + len(theory) :])
+        naive = summarise(having(comparisons, NAIVE))
         findings.append(f"Variance of MVUE N:M against the naive unbiased estimator: {naive}.")
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
     return Result(

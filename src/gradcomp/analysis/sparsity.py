@@ -10,6 +10,7 @@ import torch
 
 from gradcomp.analysis.accuracy import (
     ACCURACY,
+    SCHEDULE,
     SPARSITY,
     WithinModels,
     claim_of,
@@ -26,10 +27,23 @@ from gradcomp.analysis.runs import Run, RunGroup, training_context
 from gradcomp.analysis.seeds import CORRELATION, FRACTION, POSITIVE, Estimate, PerSeed
 from gradcomp.analysis.synthetic import synthetic_sparsity
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import WORSE, Comparison, Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import (
+    FAMILIES,
+    WORSE,
+    Comparison,
+    Pair,
+    by_arm,
+    compare,
+    having,
+    one_sample,
+    summarise,
+)
 from gradcomp.experiments import Calibration, CompareWithinModels, Heterogeneous
 from gradcomp.lognormal import truncated_cosine_similarity
 from gradcomp.policies import Prune
+
+TARGET, MATCHED = "target", "matched"  # A7: achieved against target sparsity; A8: an arm against the
+# lognormal curve at the sparsity it achieved
 
 # what a convolution is, read from the last part of its name (timm's MobileNet / EfficientNet blocks)
 LAYER_KINDS = {"conv_dw": "depthwise", "conv_pwl": "projection", "conv_pw": "expansion", "conv_stem": "stem"}
@@ -137,7 +151,15 @@ def _against_target(group: RunGroup, label: str, overall: PerSeed, settings: Cal
         reference = attainable
         name = f"attainable {sum(attainable.values()) / len(attainable):.3g} (target {target:g})"
     return one_sample(
-        label, achieved, reference, name, margin=settings.margin, higher_is_better=None, scale=group.scale
+        label,
+        achieved,
+        reference,
+        name,
+        margin=settings.margin,
+        higher_is_better=None,
+        scale=group.scale,
+        role=TARGET,
+        arm=group.name,
     )
 
 
@@ -236,14 +258,14 @@ def target_vs_achieved_sparsity(settings: Calibration, runs: dict[str, RunGroup]
     priors = {g.name for g in groups if g.policy.estimator in ("gaussian", "laplace")}
     pairs = [
         deciding("L4", [pair])[0]
-        if g.name in settings.claim
+        if pair.arm in settings.claim
         else deciding("L5", [pair])[0]
-        if g.name in priors
+        if pair.arm in priors
         else pair
-        for g, pair in zip(groups, pairs, strict=True)
+        for pair in pairs
     ]
     comparisons = compare(pairs)
-    on_target = {g.name: c for g, c in zip(groups, comparisons, strict=True)}
+    on_target = by_arm(comparisons, TARGET)
     layer_rows = layers.rows()
     rows = _run_rows(overall, layer_rows, runs, names, on_target)
     claimed = [name for name in settings.claim if name in on_target]
@@ -335,8 +357,11 @@ def _matched_pairs(models: WithinModels, margin: float) -> list[Pair]:
                     else ("lognormal at matched sparsity")
                 )
                 pairs.append(
-                    Pair(models.label(arm), reference, arm.accuracy, matched, margin=margin, scale=arm.scale)
-                )
+                    Pair(
+                        models.label(arm), reference, arm.accuracy, matched, margin=margin, scale=arm.scale,
+                        role=MATCHED, arm=arm.name,
+                    )
+                )  # fmt: skip
     return pairs
 
 
@@ -401,7 +426,7 @@ def _a8_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
         (paired by seed, 95 % CI), coloured by model. Models ({models.caption()}). {training_context(runs)}.
         Comparisons: each run against the uncompressed run of its own model; each other threshold, fit or
         schedule against the lognormal curve of its model at the sparsity it achieved (per seed, linear
-        between the curve's runs); paired by seed, Holm over the comparisons, equivalence by two one-sided
+        between the curve's runs); paired by seed, {FAMILIES}, equivalence by two one-sided
         tests at the settings' margin. A table gives the achieved sparsity of each layer kind (depthwise,
         projection, expansion) where a model has several: the diagnosis of a model that fails."""
 
@@ -415,9 +440,9 @@ def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup
         "experiments.A8.baseline",
     )
     matched = _matched_pairs(models, settings.margin)
-    schedules = models.pairs(models.schedules(), settings.margin)
+    schedules = models.pairs(models.schedules(), settings.margin, SCHEDULE)
     comparisons = compare(models.gap_pairs(settings.margin, {"L6": settings.claim}) + matched + schedules)
-    gaps = {arm.name: gap for arm, gap in zip(models.arms, comparisons, strict=False)}
+    gaps = by_arm(comparisons)
     rows = []
     for baseline in models.baselines:
         arms = sorted(
@@ -429,12 +454,9 @@ def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup
     kinds = _calibration([a for a in models.arms if isinstance(a.policy, Prune)])[2]
     findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
     if matched:
-        start = len(models.arms)
-        findings.append(
-            f"At matched achieved sparsity: {summarise(comparisons[start : start + len(matched)])}."
-        )
+        findings.append(f"At matched achieved sparsity: {summarise(having(comparisons, MATCHED))}.")
     if schedules:
-        findings.append(f"Schedules: {summarise(comparisons[len(comparisons) - len(schedules) :])}.")
+        findings.append(f"Schedules: {summarise(having(comparisons, SCHEDULE))}.")
     findings += _diagnosis(models, gaps, kinds)
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
     return Result(
@@ -521,7 +543,7 @@ def _a9_caption(constrained: RunGroup, runs: dict[str, RunGroup]) -> str:
         with each layer's limit; the error of the cosine model on these real gradients, measured -
         predicted, is tabulated per layer and over the layers. (c) Accuracy against overall sparsity (mean
         and 95 % CI on both axes) next to homogeneous pruning. {training_context(runs)}. Comparisons: the
-        constrained run against each homogeneous run, paired by seed, Holm over them, equivalence by two
+        constrained run against each homogeneous run, paired by seed, {FAMILIES}, equivalence by two
         one-sided tests at the settings' margin."""
 
 

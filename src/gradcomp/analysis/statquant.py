@@ -48,13 +48,26 @@ from gradcomp.analysis.seeds import (
     spearman,
 )
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Comparison, Pair, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import (
+    FAMILIES,
+    GAP,
+    Comparison,
+    Pair,
+    by_arm,
+    compare,
+    having,
+    one_sample,
+    summarise,
+)
 from gradcomp.choices import INT_SCHEMES
 from gradcomp.data import load_split
 from gradcomp.experiments import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
 
 SCHEMES = INT_SCHEMES
 NAMES = {scheme: scheme.upper() for scheme in SCHEMES}
+# roles of the comparisons: one scheme against another; a scheme's per-bit factor against 4 and its variance
+# against the QAT sampling variance (B2); QAT against exact training (B4)
+ORDERING, PER_BIT, SAMPLING, QAT = "ordering", "per-bit factor", "sampling", "qat"
 Batch = tuple[Tensor, Tensor]
 
 
@@ -104,6 +117,9 @@ def _scheme_pairs(
             unit=unit,
             factor=1.0,
             higher_is_better=higher_is_better,
+            role=ORDERING,
+            arm=a,
+            baseline=b,
             **pair,
         )
         for a, b in (("psq", "ptq"), ("bhq", "ptq"), ("bhq", "psq"))
@@ -155,8 +171,8 @@ def _b1_caption(settings: BinUsage, group: RunGroup) -> str:
         and the block Householder transform (BHQ) spread them (which of the two spreads more: the
         comparisons below). Table: bins used, code
         entropy and each scheme's quantization variance ({settings.draws} draws);
-        {_measured(group, "measured on the gradients")}. Comparisons: code entropy, paired by seed, Holm over
-        them."""
+        {_measured(group, "measured on the gradients")}. Comparisons: code entropy, paired by seed,
+        {FAMILIES}."""
 
 
 def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
@@ -343,6 +359,8 @@ def _against_sampling(settings: VarianceVsBits, group: RunGroup, points: PerSeed
             higher_is_better=False,
             bounds=LINEAR,
             scale=group.scale,
+            role=SAMPLING,
+            arm=f"{scheme} {bits}",
         )
         for bits in settings.bits
         for scheme in SCHEMES
@@ -384,18 +402,20 @@ def variance_vs_bits(settings: VarianceVsBits, runs: dict[str, RunGroup]) -> Res
             margin=settings.per_bit_margin,
             higher_is_better=None,
             scale=group.scale,
+            role=PER_BIT,
+            arm=s,
         )
         for s in SCHEMES
     ]
     # PSQ and BHQ against PTQ decide S2, every scheme's per-bit factor S3
     deciders = [*deciding("S2", ordering[:2]), *ordering[2:], *deciding("S3", fours)]
     comparisons = compare([*deciders, *_against_sampling(settings, group, points)])
-    ranked, factors = comparisons[: len(ordering)], comparisons[len(ordering) : len(ordering) + len(fours)]
-    keys = [(bits, scheme) for bits in settings.bits for scheme in SCHEMES]
-    against = dict(zip(keys, comparisons[len(ordering) + len(fours) :], strict=True))
+    sampling = by_arm(comparisons, SAMPLING)
+    against = {(bits, scheme): sampling[f"{scheme} {bits}"] for bits in settings.bits for scheme in SCHEMES}
+    ranked = summarise(having(comparisons, ORDERING))
     findings = [
-        f"Mean ln variance over the bit widths (lower is better): {summarise(ranked)}.",
-        f"Per-bit factor against 4: {summarise(factors)}.",
+        f"Mean ln variance over the bit widths (lower is better): {ranked}.",
+        f"Per-bit factor against 4: {summarise(having(comparisons, PER_BIT))}.",
         f"Against the QAT sampling variance (better: below it): {summarise(list(against.values()))}.",
     ]
     return Result(
@@ -498,7 +518,7 @@ def _b4_caption(qat: RunGroup, fqt: list[RunGroup], bit_list: list[int], runs: d
         seeds, each seed's point coloured by scheme; dashed: Exact, solid: QAT. (b) Each FQT run's accuracy
         difference from QAT, paired by seed: mean and 95 % CI, each seed's difference as a dot.
         {training_context(runs)}. Comparisons: QAT against Exact, each FQT run against QAT, and at each bit
-        width PSQ against PTQ and BHQ against PSQ; paired by seed, Holm over them, equivalence by two
+        width PSQ against PTQ and BHQ against PSQ; paired by seed, {FAMILIES}, equivalence by two
         one-sided tests at the settings' margin."""
 
 
@@ -515,14 +535,17 @@ def accuracy_table(settings: FqtAccuracy, runs: dict[str, RunGroup]) -> Result:
         for a, b in (("psq", "ptq"), ("bhq", "psq"))
         if a in schemes and b in schemes
     ]
-    pairs = [(qat, exact), *((group, qat) for group in fqt), *ladder]
-    compared = [accuracy_pair(a, b, settings.margin) for a, b in pairs]
     compared = [
-        deciding("S5", [pair])[0] if a.name == settings.claim and b is qat else pair
-        for (a, b), pair in zip(pairs, compared, strict=True)
+        accuracy_pair(qat, exact, settings.margin, role=QAT),
+        *(accuracy_pair(group, qat, settings.margin) for group in fqt),
+        *(accuracy_pair(a, b, settings.margin, role=ORDERING) for a, b in ladder),
+    ]
+    compared = [
+        deciding("S5", [pair])[0] if pair.arm == settings.claim and pair.role == GAP else pair
+        for pair in compared
     ]
     comparisons = compare(compared)
-    gaps = {a.name: c for (a, b), c in zip(pairs, comparisons, strict=True) if b is qat}
+    gaps = by_arm(comparisons)
     ordered = sorted(fqt, key=lambda g: (-g.policy.bits, SCHEMES.index(g.policy.scheme)))
     rows = [
         {"setting": "Exact", "bits": 32, "scheme": None, **run_row(exact)},
@@ -534,11 +557,11 @@ def accuracy_table(settings: FqtAccuracy, runs: dict[str, RunGroup]) -> Result:
     ]
     gap_columns(rows, gaps)
     findings = [
-        f"QAT: {summarise(comparisons[:1])}.",
-        f"FQT {summarise(comparisons[1 : 1 + len(fqt)])}.",
+        f"QAT: {summarise(having(comparisons, QAT))}.",
+        f"FQT {summarise(having(comparisons, GAP))}.",
     ]
     if ladder:
-        findings.append(f"Schemes at each bit width: {summarise(comparisons[1 + len(fqt) :])}.")
+        findings.append(f"Schemes at each bit width: {summarise(having(comparisons, ORDERING))}.")
     groups = {group.name: group for group in [exact, qat, *fqt]}
     return Result(
         caption=_b4_caption(qat, fqt, sorted(by_bits, reverse=True), groups),

@@ -79,6 +79,11 @@ class Pair:
     scale: str = ""
     family: str = ""
     test: str = EQUIVALENCE
+    # what the comparison is to its caller: the question it answers (e.g. GAP) and the runs in the roles of
+    # arm and baseline, by which callers find it among an experiment's comparisons
+    role: str = ""
+    arm: str = ""
+    baseline: str = ""
 
     def __post_init__(self) -> None:
         if self.test not in TESTS:
@@ -145,6 +150,9 @@ class Comparison:
     scale: str
     family: str
     test: str
+    role: str = ""
+    arm: str = ""
+    baseline: str = ""
 
     @property
     def sign(self) -> str:
@@ -277,7 +285,7 @@ class Comparison:
     def from_row(cls, row: Mapping) -> Comparison:
         """A comparison as `row` wrote it (JSON turns NaN into null and tuples into lists)."""
         names = {f.name: f.type for f in fields(cls)}
-        values = {key: row[key] for key in names}
+        values = {key: row[key] for key in names if key in row}
         for key in ("difference", "sd", "ci_low", "ci_high", "p", "p_holm"):
             values[key] = math.nan if values[key] is None else values[key]
         for key in ("seeds_range", "route_powers"):
@@ -335,10 +343,28 @@ def compare(pairs: Sequence[Pair]) -> list[Comparison]:
                 scale=pair.scale,
                 family=pair.family,
                 test=pair.test,
+                role=pair.role,
+                arm=pair.arm,
+                baseline=pair.baseline,
                 **t,
             )
         )
     return comparisons
+
+
+# how captions state the adjustment
+FAMILIES = "Holm within each family (a claim's deciding comparisons together, any other comparison alone)"
+GAP = "gap"  # the role of an arm's comparison with the uncompressed run of its model and scale
+
+
+def having(comparisons: Sequence[Comparison], role: str) -> list[Comparison]:
+    """The comparisons in one role, in their order."""
+    return [c for c in comparisons if c.role == role]
+
+
+def by_arm(comparisons: Sequence[Comparison], role: str = GAP) -> dict[str, Comparison]:
+    """The comparisons in one role by the run in the role of arm."""
+    return {c.arm: c for c in comparisons if c.role == role}
 
 
 def _beyond_verdict(pair: Pair, difference: float) -> str:
