@@ -19,10 +19,11 @@ from gradcomp.analysis.runs import (
     training_context,
 )
 from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
-from gradcomp.analysis.tables import Table
+from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import GAP as GAP_ROLE
-from gradcomp.analysis.verdicts import Comparison, Pair, summarise
+from gradcomp.analysis.verdicts import Comparison, Pair, by_arm, summarise
 from gradcomp.datasets import lookup
+from gradcomp.experiments import CompareWithinModels
 
 
 @dataclass(frozen=True)
@@ -172,6 +173,17 @@ class WithinModels:
         labels = distinct_labels(groups, with_model=len(baselines) > 1)
         return cls(list(baselines), chosen, own, model_names(groups), labels)
 
+    @classmethod
+    def of_settings(
+        cls, settings: CompareWithinModels, runs: Mapping[str, RunGroup], experiment: str
+    ) -> WithinModels:
+        """The arms and baselines an accuracy experiment's settings name, where trained."""
+        return cls.of(
+            settings.present(settings.baselines, runs),
+            settings.present(settings.runs, runs),
+            f"experiments.{experiment}.baseline",
+        )
+
     @property
     def several(self) -> bool:
         return len(self.baselines) > 1
@@ -257,3 +269,70 @@ def claim_of(claim: str, run: str | None, gaps: Mapping[str, Comparison]) -> lis
     if run not in gaps:
         return [undecided(claim, f"run {run} is not trained by this configuration")]
     return [decide(claim, [gaps[run]])]
+
+
+@dataclass(frozen=True)
+class GapExperiment:
+    """The template of the accuracy experiments (A5, A8, C1, C3): each arm's paired gap to the uncompressed
+    run of its model and scale, next to whatever else the experiment compares; a main-table row per run
+    (its model, reference, the experiment's columns, gap and verdict), a finding per model, and the tables
+    of baselines and per-seed accuracies."""
+
+    models: WithinModels
+    comparisons: list[Comparison]
+
+    @property
+    def gaps(self) -> dict[str, Comparison]:
+        """Run name -> its gap to its baseline."""
+        return by_arm(self.comparisons)
+
+    @property
+    def groups(self) -> dict[str, RunGroup]:
+        return {group.name: group for group in [*self.models.baselines, *self.models.arms]}
+
+    def rows(
+        self,
+        row: Callable[[RunGroup], dict],
+        order: Callable[[dict], Any] | None = None,
+        baselines: bool = True,
+    ) -> list[dict]:
+        """Per model, its baseline's row (unless `baselines` is False) and its arms' (sorted by `order`),
+        each with the model, the reference run and the gap."""
+        rows = []
+        for baseline in self.models.baselines:
+            arms = [row(arm) for arm in self.models.arms_of(baseline)]
+            head = [row(baseline)] if baselines else []
+            rows += [
+                {"model": self.models.name(baseline), "reference": baseline.name, **cells}
+                for cells in [*head, *(sorted(arms, key=order) if order else arms)]
+            ]
+        return gap_columns(rows, self.gaps)
+
+    def result(
+        self,
+        caption: str,
+        title: str,
+        rows: list[dict],
+        *,
+        findings: Sequence[str] = (),
+        tables: Mapping[str, Table] | None = None,
+        claims: Sequence[Decision] = (),
+        quantities: Sequence[Quantity] = (),
+    ) -> Result:
+        """The experiment's Result: the main table titled `title`, the experiment's own `tables`, the
+        baselines and every run's per-seed accuracies (and `quantities`); a finding per model, then
+        `findings`."""
+        runs = [*self.models.baselines, *self.models.arms]
+        gaps = self.gaps
+        return Result(
+            caption=caption,
+            tables={
+                "main": Table(title, rows, note=scale_note(self.groups)),
+                **(tables or {}),
+                "baseline": self.models.baseline_table(),
+                "seeds": per_seed_table(runs, *quantities),
+            },
+            comparisons=self.comparisons,
+            findings=[*(model_finding(self.models, b, gaps) for b in self.models.baselines), *findings],
+            claims=list(claims),
+        )

@@ -19,12 +19,9 @@ import torch
 
 from gradcomp.analysis.accuracy import (
     GAP_PANEL,
+    GapExperiment,
     WithinModels,
-    gap_columns,
-    model_finding,
-    per_seed_table,
     run_row,
-    scale_note,
 )
 from gradcomp.analysis.gradients import captured_gradients
 from gradcomp.analysis.runs import RunGroup, training_context
@@ -37,7 +34,6 @@ from gradcomp.analysis.verdicts import (
     INCONCLUSIVE,
     Comparison,
     Pair,
-    by_arm,
     compare,
     one_sample,
     summarise,
@@ -86,27 +82,12 @@ def _c1_caption(models: WithinModels, margin: float, groups: dict[str, RunGroup]
 
 def block_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
     """C1: accuracy with block-scaled gradient formats, each arm against fp32 of its own model and scale."""
-    models = WithinModels.of(
-        settings.present(settings.baselines, runs),
-        settings.present(settings.runs, runs),
-        "experiments.C1.baseline",
-    )
-    comparisons = compare(models.gap_pairs(settings.margin))
-    gaps = by_arm(comparisons)
-    rows = []
-    for baseline in models.baselines:
-        ordered = sorted(map(_c1_row, models.arms_of(baseline)), key=lambda r: (-r["bits"], r["format"]))
-        rows += [{"model": models.name(baseline), **row} for row in [_c1_row(baseline), *ordered]]
-    gap_columns(rows, gaps)
-    groups = {group.name: group for group in [*models.baselines, *models.arms]}
-    return Result(
-        caption=_c1_caption(models, settings.margin, groups),
-        tables={
-            "main": Table("Accuracy with block-scaled gradient formats", rows, note=scale_note(groups)),
-            "seeds": per_seed_table([*models.baselines, *models.arms]),
-        },
-        comparisons=comparisons,
-        findings=[model_finding(models, baseline, gaps) for baseline in models.baselines],
+    models = WithinModels.of_settings(settings, runs, "C1")
+    experiment = GapExperiment(models, compare(models.gap_pairs(settings.margin)))
+    return experiment.result(
+        _c1_caption(models, settings.margin, experiment.groups),
+        "Accuracy with block-scaled gradient formats",
+        experiment.rows(_c1_row, lambda r: (-r["bits"], r["format"])),
     )
 
 

@@ -12,11 +12,10 @@ from scipy import stats
 from gradcomp import fp_theory
 from gradcomp.analysis.accuracy import (
     SCHEDULE,
+    GapExperiment,
     WithinModels,
     claim_of,
     gap_cells,
-    gap_columns,
-    model_finding,
     per_seed_table,
     run_row,
     scale_note,
@@ -275,38 +274,21 @@ def _a5_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
 
 def fp_formats(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
     """A5: accuracy with FP gradient formats, each arm against fp32 of its own model and scale."""
-    models = WithinModels.of(
-        settings.present(settings.baselines, runs),
-        settings.present(settings.runs, runs),
-        "experiments.A5.baseline",
+    models = WithinModels.of_settings(settings, runs, "A5")
+    experiment = GapExperiment(
+        models,
+        compare(
+            models.gap_pairs(settings.margin, {"L3": settings.claim})
+            + models.pairs(models.schedules(), settings.margin, SCHEDULE)
+        ),
     )
-    comparisons = compare(
-        models.gap_pairs(settings.margin, {"L3": settings.claim})
-        + models.pairs(models.schedules(), settings.margin, SCHEDULE)
-    )
-    gaps = by_arm(comparisons)
-    rows = []
-    for baseline in models.baselines:
-        ordered = sorted(map(_fp_row, models.arms_of(baseline)), key=lambda r: (-r["bits"], r["format"]))
-        rows += [
-            {"model": models.name(baseline), "reference": baseline.name, **row}
-            for row in [_fp_row(baseline), *ordered]
-        ]
-    gap_columns(rows, gaps)
-    findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
-    if having(comparisons, SCHEDULE):
-        findings.append(f"Schedules: {summarise(having(comparisons, SCHEDULE))}.")
-    groups = {group.name: group for group in [*models.baselines, *models.arms]}
-    return Result(
-        caption=_a5_caption(models, groups),
-        tables={
-            "main": Table("Accuracy with FP gradient formats", rows, note=scale_note(groups)),
-            "baseline": models.baseline_table(),
-            "seeds": per_seed_table([*models.baselines, *models.arms]),
-        },
-        comparisons=comparisons,
-        findings=findings,
-        claims=claim_of("L3", settings.claim, gaps),
+    schedules = having(experiment.comparisons, SCHEDULE)
+    return experiment.result(
+        _a5_caption(models, experiment.groups),
+        "Accuracy with FP gradient formats",
+        experiment.rows(_fp_row, lambda r: (-r["bits"], r["format"])),
+        findings=[f"Schedules: {summarise(schedules)}."] if schedules else [],
+        claims=claim_of("L3", settings.claim, experiment.gaps),
     )
 
 

@@ -17,12 +17,9 @@ from torch import Tensor
 
 from gradcomp.analysis.accuracy import (
     GAP_PANEL,
+    GapExperiment,
     WithinModels,
-    gap_columns,
-    model_finding,
-    per_seed_table,
     run_row,
-    scale_note,
 )
 from gradcomp.analysis.claims import decide, deciding, undecided
 from gradcomp.analysis.gradients import (
@@ -35,7 +32,7 @@ from gradcomp.analysis.runs import RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Comparison, Pair, by_arm, compare, having, one_sample, summarise
+from gradcomp.analysis.verdicts import Comparison, Pair, compare, having, one_sample, summarise
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
@@ -191,6 +188,10 @@ def _prediction_miss(models: WithinModels, theory: list[Comparison]) -> str:
     return f"; measured against its own prediction: {'; '.join(misses)}" if misses else ""
 
 
+def _c3_row(group: RunGroup) -> dict:
+    return {"policy": group.policy.describe(), **run_row(group)}
+
+
 def _c3_caption(settings: Successors, models: WithinModels, groups: dict[str, RunGroup]) -> str:
     return f"""(a) {GAP_PANEL}: LUQ (4-bit logarithmic, alpha
         from the tensor's maximum; SMP: the mean of several draws), MVUE N:M (blocks along the output
@@ -206,11 +207,7 @@ def _c3_caption(settings: Successors, models: WithinModels, groups: dict[str, Ru
 
 def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
     """C3: accuracy and added variance of LUQ, MVUE N:M and stochastic pruning against fp32."""
-    models = WithinModels.of(
-        settings.present(settings.baselines, runs),
-        settings.present(settings.runs, runs),
-        "experiments.C3.baseline",
-    )
+    models = WithinModels.of_settings(settings, runs, "C3")
     variance = _variances(settings, models)
     theory, mvue = _theory_pairs(settings, models, variance), _mvue_pairs(models, variance)
     # Q1's deciding comparisons: single-sample LUQ against fp32, non-inferior within the paper's own loss
@@ -219,42 +216,31 @@ def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:
         deciding("Q1", [replace(pair, margin=settings.luq_margin)])[0] if pair.arm in luq else pair
         for pair in models.gap_pairs(settings.margin)
     ]
-    comparisons = compare(gap + theory + deciding("Q2", mvue))
-    gaps = by_arm(comparisons)
-    rows = []
-    for baseline in models.baselines:
-        rows.append({"model": models.name(baseline), "policy": "none", **run_row(baseline)})
-        rows += [
-            {"model": models.name(baseline), "policy": arm.policy.describe(), **run_row(arm)}
-            for arm in models.arms_of(baseline)
-        ]
-    gap_columns(rows, gaps)
+    experiment = GapExperiment(models, compare(gap + theory + deciding("Q2", mvue)))
+    comparisons = experiment.comparisons
     claims = [
         decide("Q1", comparisons) if luq else undecided("Q1", "no single-sample LUQ run"),
         decide("Q2", comparisons, _prediction_miss(models, comparisons))
         if mvue
         else undecided("Q2", "no N:M run"),
     ]
-    findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
+    findings = []
     if theory:
-        measured = summarise(having(comparisons, THEORY))
-        findings.append(f"Variance, measured against the theory: {measured}.")
+        findings.append(f"Variance, measured against the theory: {summarise(having(comparisons, THEORY))}.")
     if mvue:
         naive = summarise(having(comparisons, NAIVE))
         findings.append(f"Variance of MVUE N:M against the naive unbiased estimator: {naive}.")
-    groups = {group.name: group for group in [*models.baselines, *models.arms]}
-    return Result(
-        caption=_c3_caption(settings, models, groups),
-        tables={
-            "main": Table("Accuracy of the sequels' compressors", rows, note=scale_note(groups)),
-            "variance": Table(
-                "Added variance relative to the energy (neural gradients: measured and predicted; weight "
-                "gradient: measured)",
-                [{"label": groups[r["run"]].label, **r} for r in variance.rows()],
-            ),
-            "seeds": per_seed_table([*models.baselines, *models.arms]),
-        },
-        comparisons=comparisons,
+    groups = experiment.groups
+    variance_table = Table(
+        "Added variance relative to the energy (neural gradients: measured and predicted; weight gradient: "
+        "measured)",
+        [{"label": groups[r["run"]].label, **r} for r in variance.rows()],
+    )
+    return experiment.result(
+        _c3_caption(settings, models, groups),
+        "Accuracy of the sequels' compressors",
+        experiment.rows(_c3_row),
         findings=findings,
+        tables={"variance": variance_table},
         claims=claims,
     )

@@ -12,11 +12,10 @@ from gradcomp.analysis.accuracy import (
     ACCURACY,
     SCHEDULE,
     SPARSITY,
+    GapExperiment,
     WithinModels,
     claim_of,
     distinct_labels,
-    gap_columns,
-    model_finding,
     model_names,
     per_seed_table,
     run_row,
@@ -375,6 +374,11 @@ def _prune_row(group: RunGroup) -> dict:
     }
 
 
+def _prune_order(row: dict) -> tuple:
+    """The lognormal threshold's runs first, then by estimator and target."""
+    return row["estimator"] != "lognormal", row["estimator"], row["target"]
+
+
 def _diagnosis(models: WithinModels, gaps: Mapping[str, Comparison], kinds: PerSeed) -> list[str]:
     """For each model whose arms differ in threshold rule or target: which arms fail against its fp32 and
     what the achieved sparsity of each layer kind was (what decides whether the sparsity level or the
@@ -434,42 +438,29 @@ def _a8_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
 def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:
     """A8: accuracy against achieved sparsity; thresholds compared at matched sparsity; a failing model
     diagnosed from its threshold rules, targets and layer kinds."""
-    models = WithinModels.of(
-        settings.present(settings.baselines, runs),
-        settings.present(settings.runs, runs),
-        "experiments.A8.baseline",
+    models = WithinModels.of_settings(settings, runs, "A8")
+    experiment = GapExperiment(
+        models,
+        compare(
+            models.gap_pairs(settings.margin, {"L6": settings.claim})
+            + _matched_pairs(models, settings.margin)
+            + models.pairs(models.schedules(), settings.margin, SCHEDULE)
+        ),
     )
-    matched = _matched_pairs(models, settings.margin)
-    schedules = models.pairs(models.schedules(), settings.margin, SCHEDULE)
-    comparisons = compare(models.gap_pairs(settings.margin, {"L6": settings.claim}) + matched + schedules)
-    gaps = by_arm(comparisons)
-    rows = []
-    for baseline in models.baselines:
-        arms = sorted(
-            map(_prune_row, models.arms_of(baseline)),
-            key=lambda r: (r["estimator"] != "lognormal", r["estimator"], r["target"]),
-        )
-        rows += [{"model": models.name(baseline), "reference": baseline.name, **row} for row in arms]
-    gap_columns(rows, gaps)
     kinds = _calibration([a for a in models.arms if isinstance(a.policy, Prune)])[2]
-    findings = [model_finding(models, baseline, gaps) for baseline in models.baselines]
-    if matched:
-        findings.append(f"At matched achieved sparsity: {summarise(having(comparisons, MATCHED))}.")
-    if schedules:
-        findings.append(f"Schedules: {summarise(having(comparisons, SCHEDULE))}.")
-    findings += _diagnosis(models, gaps, kinds)
-    groups = {group.name: group for group in [*models.baselines, *models.arms]}
-    return Result(
-        caption=_a8_caption(models, groups),
-        tables={
-            "main": Table("Accuracy vs gradient sparsity", rows, note=scale_note(groups)),
-            **_kinds_table(kinds),
-            "baseline": models.baseline_table(),
-            "seeds": per_seed_table([*models.baselines, *models.arms], ACCURACY, SPARSITY),
-        },
-        comparisons=comparisons,
-        findings=findings,
-        claims=claim_of("L6", settings.claim, gaps),
+    findings = [
+        f"{what}: {summarise(having(experiment.comparisons, role))}."
+        for role, what in ((MATCHED, "At matched achieved sparsity"), (SCHEDULE, "Schedules"))
+        if having(experiment.comparisons, role)
+    ]
+    return experiment.result(
+        _a8_caption(models, experiment.groups),
+        "Accuracy vs gradient sparsity",
+        experiment.rows(_prune_row, _prune_order, baselines=False),
+        findings=[*findings, *_diagnosis(models, experiment.gaps, kinds)],
+        tables=_kinds_table(kinds),
+        claims=claim_of("L6", settings.claim, experiment.gaps),
+        quantities=(ACCURACY, SPARSITY),
     )
 
 
