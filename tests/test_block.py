@@ -351,3 +351,26 @@ def test_per_tensor_theory_matches_quantize_fp():
     assert float((g * 2.0**-2 > 448).double().mean()) == pytest.approx(predicted.clipped, abs=0.004)
     error = float((out.double() - g.double()).square().sum() / g.double().square().sum())
     assert error == pytest.approx(predicted.relative_mse, rel=0.05)
+
+
+@pytest.mark.parametrize("preset", ["mxfp4", "mxfp6", "mxfp8"])
+def test_c2s_per_layer_comparator_is_checked_against_half_and_twice_its_scale(preset):
+    """C2 compares block formats with one scale per layer at A6's per_layer_optimal scale, and checks it:
+    on a narrow lognormal that scale's measured MSE is the least of its neighbours'; on a heavy-tailed one
+    (sigma 2, natural log) the expected-MSE optimum misses the sample's for FP4, whose energy comes from a
+    few of the largest values."""
+    from gradcomp.analysis.blocks import _layer, _per_layer, _relative_mse
+
+    for sigma, expected in ((0.5, 1.0), (2.0, None)):
+        g = lognormal_gradient((64, 32, 8, 8), mu=-12.0, sigma=sigma, seed=3, specials=False)
+        mu2, sigma2, _ = _layer(g)
+        (_, _, mse), predicted, checked = _per_layer(g, PRESETS[preset], mu2, sigma2)
+        assert 0 < mse < 1 and predicted.relative_mse > 0
+        if expected is not None:
+            assert checked == expected
+    element = PRESETS["mxfp4"].element_format
+    g = lognormal_gradient((64, 32, 8, 8), mu=-12.0, sigma=2.0, seed=3, specials=False)
+    mu2, sigma2, _ = _layer(g)
+    (_, _, mse), _, checked = _per_layer(g, PRESETS["mxfp4"], mu2, sigma2)
+    assert checked == 0.0
+    assert any(_relative_mse(g, element, s)[1] < mse / 1.01 for s in (6.0, 8.0))  # the rule's is 2^7

@@ -122,8 +122,9 @@ def _relative_mse(g: torch.Tensor, element, log2_scale: float) -> tuple[torch.Te
 def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
     """(measured (flushed, clipped, mse), predicted ErrorShares, scale checked) of the element format with
     one scale for the layer: A6's per_layer_optimal rule (A4's MSE-optimal scale for the layer's lognormal
-    fit). Checked: 1 when the measured MSE at that scale is no larger than at half and twice it (the
-    comparator is not a weak scale), else 0."""
+    fit). Checked: 1 when the measured MSE at that scale is within 1 % of the least at half and twice it
+    (the comparator is not a weak scale; the expected-MSE optimum of a heavy-tailed lognormal can miss a
+    sample's, whose energy comes from a few of the largest values), else 0."""
     element = fmt.element_format
     policy = FloatingPoint(format=element.name, scaling="per_layer_optimal")
     log2_scale = float(layer_log2_scale(policy, torch.tensor(mu2), torch.tensor(sigma2)))
@@ -132,7 +133,7 @@ def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
     flushed = float((nonzero & (out == 0)).sum() / nonzero.sum().clamp_min(1))
     clipped = float((g.abs() * 2.0**log2_scale > element.max_value).double().mean())
     neighbours = [_relative_mse(g, element, log2_scale + step)[1] for step in (-1.0, 1.0)]
-    checked = float(mse <= min(neighbours))
+    checked = float(mse <= 1.01 * min(neighbours))
     return (flushed, clipped, mse), per_tensor_statistics(element, sigma2, log2_scale + mu2), checked
 
 
@@ -325,7 +326,7 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
         f"The theory predicts the sign of the block/per-layer MSE difference in {agree} of {len(versus)} "
         "cases.",
         "The per-layer comparator takes A6's per_layer_optimal scale (A4's MSE-optimal scale for each "
-        "layer's lognormal fit); its measured MSE is no larger than at half or twice that scale in "
+        "layer's lognormal fit); its measured MSE is within 1 % of the least at half or twice that scale in "
         f"{min(checked):.0%} to {max(checked):.0%} of the layers (per family and element format, mean over "
         "seeds)."
         if checked

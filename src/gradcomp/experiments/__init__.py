@@ -2,15 +2,15 @@
 
 An experiment is one registration here plus two functions named after its slug: a compute step in
 ``gradcomp.analysis.<stage>`` (finished runs -> a `Result`: tables aggregated over seeds, paired comparisons
-with their verdicts, findings, the papers' claims it decides and a caption generated from the settings and
-the data) and a draw step in ``gradcomp.plots.<stage>`` (that `Result` -> a figure, and nothing else). The
-papers' verified claims are registered with the experiment that decides them (`CLAIMS`). One module per
-stage (``gradcomp.experiments.<stage>``) holds its experiments' settings and registrations; `base` what
-they share. Each experiment's settings are a frozen dataclass built from its section of a pipeline config:
-unknown keys and wrong types are errors that name the key; the margins of its equivalence tests and the runs deciding its claim are
-settings too. Runs are read with every seed the config trains them with (accuracy comparisons are paired
-by seed); experiments that measure gradients at a trained checkpoint read the seeds their `seeds` setting
-names (default: every seed of the run).
+with their verdicts, findings, the papers' claims it decides and a caption generated from the settings and the
+data) and a draw step in ``gradcomp.plots.<stage>`` (that `Result` -> a figure, and nothing else). The papers'
+verified claims are registered with the experiment that decides them (`CLAIMS`). One module per stage
+(``gradcomp.experiments.<stage>``) holds its experiments' settings and registrations; `base` what they share.
+Each experiment's settings are a frozen dataclass built from its section of a pipeline config: unknown keys
+and wrong types are errors that name the key; the margins of its equivalence tests and the runs deciding its
+claim are settings too. Runs are read with every seed the config trains them with (accuracy comparisons are
+paired by seed); experiments that measure gradients at a trained checkpoint read the seeds their `seeds`
+setting names (default: every seed of the run).
 
 This module imports neither torch nor matplotlib: the Snakemake workflow parses it.
 """
