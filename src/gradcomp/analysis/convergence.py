@@ -12,7 +12,7 @@ from gradcomp.analysis.claims import decide, deciding
 from gradcomp.analysis.runs import RunGroup
 from gradcomp.analysis.seeds import LINEAR, PerSeed
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Comparison, by_arm, compare, having, one_sample, summarise
+from gradcomp.analysis.verdicts import EQUIVALENT, Comparison, by_arm, compare, having, one_sample, summarise
 from gradcomp.experiments import Budgets
 
 TREND, PLATEAU = "trend", "plateau"  # an arm's gap slope over the budgets; fp32's last doubling
@@ -65,7 +65,7 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
     for arm, reference, claim in settings.pairs:
         for budget in settings.budgets:
             a, b = runs[settings.run(arm, budget)], runs[settings.run(reference, budget)]
-            pair = accuracy_pair(a, b, settings.margin)
+            pair = accuracy_pair(a, b, settings.margin, _budget_label)
             if budget in (settings.replicates, longest):
                 pair = deciding(claim, [pair], f"{claim} at {budget} epochs")[0]
             pairs.append(pair)
@@ -84,7 +84,7 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
         for arm, reference, _ in settings.pairs
     ]
     fp32 = [runs[settings.run(settings.reference, b)] for b in settings.budgets]
-    plateau = accuracy_pair(fp32[-1], fp32[-2], settings.margin, role=PLATEAU)
+    plateau = accuracy_pair(fp32[-1], fp32[-2], settings.margin, _budget_label, PLATEAU)
     comparisons = compare([*pairs, *trends, plateau])
     gaps = by_arm(comparisons)
     for row in rows:
@@ -96,8 +96,16 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
         f"{slopes[arm].statement}."
         for arm, _, _ in settings.pairs
     ]
+    (gain,) = having(comparisons, PLATEAU)
+    levelled = gain.verdict == EQUIVALENT
     findings.append(
-        f"fp32 from {settings.budgets[-2]} to {longest} epochs: {summarise(having(comparisons, PLATEAU))}."
+        f"fp32 from {settings.budgets[-2]} to {longest} epochs: {summarise([gain])}: "
+        + (
+            f"accuracy has levelled off within ±{settings.margin:g} pt."
+            if levelled
+            else f"not shown to level off ({gain.difference:+.2g} pt {gain.interval}): the gaps at "
+            f"{longest} epochs are those of a longer budget, not of a shown plateau."
+        )
     )
     replications = [
         decide(claim, comparisons, family=f"{claim} at {settings.replicates} epochs").row()
@@ -129,6 +137,11 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
             "margin": settings.margin,
         },
     )
+
+
+def _budget_label(group: RunGroup) -> str:
+    """e.g. "prune 0.85, 8 epochs": runs of one policy differ only by their budget."""
+    return f"{group.label}, {group.config['epochs']:g} epochs"
 
 
 def _gap_text(gap: Comparison, budget: int) -> str:
