@@ -30,6 +30,7 @@ def training_budget(record: Record) -> Figure:
         xscale="log", xlabel="training budget (epochs, log scale)", ylabel="accuracy gap to reference (pt)"
     )
     ax.set_xticks(budgets, labels=[str(b) for b in budgets])
+    ax.set_xticks([], minor=True)  # no log-axis minor labels between the budgets
     ax.set_title(f"(a) gap at each budget (dashed: ±{margin:g} pt)", fontsize=9)
     ax.legend(fontsize=7)
     ax = axes[0][1]
