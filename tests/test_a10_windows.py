@@ -6,6 +6,7 @@ import pytest
 import torch
 
 from gradcomp.analysis import fp
+from gradcomp.analysis.verdicts import Pair
 from gradcomp.formats import parse_format
 
 CRITERION = fp._Criterion(max_clipped=0.01, max_flushed=0.99)
@@ -83,8 +84,12 @@ def test_thresholds_fitted_on_one_model_are_tested_against_nothing_fails_on_the_
     assert (test["right"], test["trivial"], test["decided"]) == (7, 1, 7)  # the undecided run is left out
     assert (test["only_criterion"], test["only_trivial"]) == (6, 0)
     assert test["p"] == pytest.approx(2 * 0.5**6)
-    claim = fp._fp_claim(best, test, "scale")
-    assert claim.status == "shown" and "7 decided runs" in claim.evidence
+    # L7: the held-out runs predicted to train against those predicted to fail, paired by seed
+    trains, fails = {0: 0.80, 1: 0.79, 2: 0.81}, {0: 0.60, 1: 0.62, 2: 0.58}
+    claim, comparisons = fp._fp_claim(best, "a", Pair("train", "fail", trains, fails, margin=1.0))
+    assert claim.status == "shown" and comparisons[0].family == "L7" and "fitted on a" in claim.evidence
+    claim, comparisons = fp._fp_claim(best, "a", None)
+    assert claim.status == "inconclusive" and not comparisons and "every held-out run alike" in claim.evidence
     sensitivity = {(r["scope"], r["max_clipped"]): r["agree"] for r in fp._sensitivity(settings, rows)}
     assert sensitivity["element", 0.2] == 10 and sensitivity["element", 0.05] == 9
 
