@@ -210,14 +210,14 @@ def _arms(settings: BlockTheory) -> dict[str, Block]:
     return arms
 
 
-def _c2_pairs(settings: BlockTheory, family: str, errors: PerSeed, arms: dict[str, Block]) -> list[Pair]:
+def _c2_pairs(settings: BlockTheory, model: str, errors: PerSeed, arms: dict[str, Block]) -> list[Pair]:
     """Theory against measurement (ln ratio of the MSEs, every arm and per-layer scale), and each block
     format against per-layer scaling of its element format (ln of the MSE ratio, paired by seed)."""
     pairs = []
     for row in errors.rows():
         pairs.append(
             one_sample(
-                f"{family} {row['arm']} measured/predicted MSE",
+                f"{model} {row['arm']} measured/predicted MSE",
                 errors.values({"arm": row["arm"]}, "ln_ratio"),
                 0.0,
                 "theory",
@@ -226,6 +226,8 @@ def _c2_pairs(settings: BlockTheory, family: str, errors: PerSeed, arms: dict[st
                 unit="ln",
                 bounds=LINEAR,
                 family=THEORY,
+                role=model,
+                arm=row["arm"],
             )
         )
     for label, policy in arms.items():
@@ -236,7 +238,7 @@ def _c2_pairs(settings: BlockTheory, family: str, errors: PerSeed, arms: dict[st
         if seeds:
             pairs.append(
                 one_sample(
-                    f"{family} {label} MSE",
+                    f"{model} {label} MSE",
                     {s: math.log(mse[s]) for s in seeds},
                     {s: math.log(per_layer[s]) for s in seeds},
                     "one scale per layer (ln MSE)",
@@ -244,6 +246,8 @@ def _c2_pairs(settings: BlockTheory, family: str, errors: PerSeed, arms: dict[st
                     unit="ln",
                     bounds=LINEAR,
                     family=VERSUS,
+                    role=model,
+                    arm=label,
                 )
             )
     return pairs
@@ -254,12 +258,12 @@ def _theory_finding(theory: list[Comparison], arms: dict[str, Block], margin: fl
     scale per layer."""
     kinds = {"without the transform": [], "after the Hadamard transform": [], "with one scale per layer": []}
     for c in theory:
-        arm = next((label for label in arms if f" {label} measured" in c.a), None)
+        arm = arms.get(c.arm)  # None: one scale per layer
         kind = (
             "with one scale per layer"
             if arm is None
             else "after the Hadamard transform"
-            if arms[arm].hadamard
+            if arm.hadamard
             else "without the transform"
         )
         kinds[kind].append(c)
@@ -313,11 +317,13 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
             )
             ratios = [math.log(block[s] / layer[s]) for s in block if layer.get(s, 0) > 0 and block[s] > 0]
             if ratios:
-                predicted_wins[f"{group.name} {label} MSE"] = sum(ratios) / len(ratios)
+                predicted_wins[group.name, label] = sum(ratios) / len(ratios)
     comparisons = compare(pairs)
     theory = [c for c in comparisons if c.family == THEORY]
     versus = [c for c in comparisons if c.family == VERSUS]
-    agree = sum(1 for c in versus if (predicted_wins.get(c.a, math.nan) < 0) == (c.difference < 0))
+    agree = sum(
+        1 for c in versus if (predicted_wins.get((c.role, c.arm), math.nan) < 0) == (c.difference < 0)
+    )
     checked = [row["scale_best_mean"] for row in rows if row.get("scale_best_mean") is not None]
     findings = [
         _theory_finding(theory, arms, settings.theory_margin),
@@ -334,7 +340,7 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
     ]
     versus_rows = [
         {"comparison": c.a, "measured_ln_ratio": c.difference, "low": c.ci_low, "high": c.ci_high,
-         "predicted_ln_ratio": predicted_wins.get(c.a), "verdict": c.verdict}
+         "predicted_ln_ratio": predicted_wins.get((c.role, c.arm)), "verdict": c.verdict}
         for c in versus
     ]  # fmt: skip
     return Result(
