@@ -14,7 +14,7 @@ from torch import nn
 from gradcomp import hadamard, hadamard_inverse, parse_policy, quantize_block
 from gradcomp.attachment import attach
 from gradcomp.block_format import PRESETS, BlockFormat
-from gradcomp.block_theory import block_statistics, per_tensor_statistics
+from gradcomp.theory.block import block_statistics, per_tensor_statistics
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.formats import parse_format
 from gradcomp.ops.block import block_errors

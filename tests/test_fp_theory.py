@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from gradcomp import DTYPE_FORMATS, E2M1FN, E4M3FN, E4M3FNUZ, E8M0FNU, FPFormat, quantize_fp
-from gradcomp.fp_theory import (
+from gradcomp.theory.fp import (
     grid_for,
     ideal_grid,
     min_exp_bits,

@@ -14,7 +14,7 @@ from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.ops.luq import luq_alpha
 from gradcomp.ops.nm import keep_probabilities
 from gradcomp.profiling import count_work
-from gradcomp.unbiased_theory import luq_variance, nm_variance, prune_variance
+from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance
 
 
 # --- LUQ ----------------------------------------------------------------------------------------------------

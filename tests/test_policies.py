@@ -5,7 +5,7 @@ import pytest
 import torch
 from helpers import lognormal_gradient
 
-from gradcomp import fp_theory
+from gradcomp.theory import fp as fp_theory
 from gradcomp.compress import GradientCopy, LayerStats, compress, plan
 from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Prune, parse_policy
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradcomp import fp_theory
+from gradcomp.theory import fp as fp_theory
 from gradcomp._backend import Backend
 from gradcomp.choices import KERNEL_DTYPES, integer
 from gradcomp.formats import FPFormat
@@ -386,7 +386,7 @@ def layer_log2_scale(policy: FloatingPoint, mu2: Tensor, sigma2: Tensor) -> Tens
 def scale_points(fmt: FPFormat, scaling: str, device: torch.device) -> Tensor:
     """A per-layer scale rule as points (sigma2, log2-scale offset), float64 (2, P) on `device` (made once):
     the reference's rule puts the log2 mean at 2^-3 whatever sigma2; the MSE-optimal one interpolates the
-    optimal offset of a lognormal against sigma2 (fp_theory)."""
+    optimal offset of a lognormal against sigma2 (gradcomp.theory.fp)."""
     if scaling == "per_layer_mean":
         return torch.tensor([[0.0, 1.0], [-3.0, -3.0]], dtype=torch.float64, device=device)
     sigmas = torch.linspace(0.1, 8.0, 40, dtype=torch.float64)

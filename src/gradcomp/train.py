@@ -235,6 +235,14 @@ class _Run:
     total_steps: int
     memory_format: torch.memory_format
     progress: Progress = field(default_factory=Progress)
+    _clock: float = 0.0  # time.perf_counter() less the wall time of earlier calls, from `start_clock`
+
+    def start_clock(self) -> None:
+        self._clock = time.perf_counter() - self.progress.wall_seconds
+
+    def elapsed(self) -> float:
+        """Wall seconds of training, over every call that resumed this run."""
+        return time.perf_counter() - self._clock
 
     @property
     def metrics_path(self) -> Path:
@@ -496,7 +504,7 @@ def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
     return loss_value
 
 
-def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
+def _end_epoch(run: _Run) -> None:
     """Evaluate, log the epoch, reset the per-epoch counters and checkpoint."""
     progress, config = run.progress, run.config
     run.processes.broadcast_buffers(run.model)  # every rank evaluates rank 0's model, which is checkpointed
@@ -508,7 +516,7 @@ def _end_epoch(run: _Run, started: float, wall_before: float) -> None:
     progress.final_test_accuracy = test_accuracy
     progress.best_test_accuracy = test_accuracy if best is None else max(best, test_accuracy)
     progress.last_sparsity = sparsity
-    progress.wall_seconds = wall_before + time.perf_counter() - started
+    progress.wall_seconds = run.elapsed()
     progress.layers = run.layer_summary()
     run.log(
         {
@@ -548,14 +556,31 @@ def train(config: TrainConfig) -> dict:
 
 
 def _train(config: TrainConfig, processes: Processes, device: torch.device) -> dict:
+    """The run's phases: build (or resume) it, train epoch by epoch, write its results."""
     run = _build(config, processes, device)
-    config = run.config  # with the data folder actually read
+    resumed_at = _resume(run)
+    run.start_clock()
+    with _StopRequested() as stop:
+        while run.progress.epoch < run.config.epochs and run.progress.step < run.total_steps:
+            _train_epoch(run, stop)
+            _end_epoch(run)
+    summary = _summary(run)
+    processes.on_main(lambda: _write_results(run, summary, resumed_at))
+    if run.probe is not None:
+        run.probe.close()
+    if run.attachment is not None:
+        run.attachment.detach()
+    return summary
+
+
+def _resume(run: _Run) -> int:
+    """Restore the checkpoint where the config resumes and one exists, start the run's files; returns the
+    step training continues from."""
+    config, processes = run.config, run.processes
     checkpoint_path = run.out / CHECKPOINT
     resuming = processes.any(config.resume and checkpoint_path.exists())
     if resuming:
         run.restore(_load_checkpoint(checkpoint_path, run.device, config, processes.world_size))
-    progress = run.progress
-    resumed_at = progress.step
 
     def start_files() -> None:
         if config.overwrite:
@@ -565,68 +590,75 @@ def _train(config: TrainConfig, processes: Processes, device: torch.device) -> d
         (run.out / "config.yaml").write_text(yaml.safe_dump(config.to_dict(), sort_keys=False))
 
     processes.on_main(start_files)
+    return run.progress.step
 
-    started, wall_before = time.perf_counter(), progress.wall_seconds
-    with _StopRequested() as stop:
-        while progress.epoch < config.epochs and progress.step < run.total_steps:
-            run.model.train()
-            bar = tqdm(
-                total=run.steps_per_epoch,
-                initial=progress.batch,
-                leave=False,
-                dynamic_ncols=True,
-                desc=f"epoch {progress.epoch + 1}/{config.epochs}",
-                disable=not (config.progress and processes.is_main),
-            )
-            batches = run.train_set.batches(
-                config.batch_size,
-                True,
-                config.seed,
-                progress.epoch,
-                progress.batch,
-                drop_last=True,
-                shard=processes.shard,
-            )
-            for images, labels in batches:
-                if progress.step >= run.total_steps:
-                    break
-                loss = _train_step(run, images, labels)
-                bar.update()
-                if progress.step % config.log_every == 0:
-                    sparsity = run.sparsity()
-                    run.log(
-                        {
-                            "kind": "step",
-                            "step": progress.step,
-                            "epoch": progress.epoch,
-                            "loss": loss,
-                            "lr": run.scheduler.get_last_lr()[0],
-                            "gradient_sparsity": sparsity,
-                            "skipped_steps": progress.skipped_steps,
-                        }
-                    )
-                    postfix = {
-                        "loss": f"{loss:.3f}",
-                        "acc": f"{progress.epoch_correct / progress.epoch_seen:.3f}",
-                    }
-                    if sparsity is not None:
-                        postfix["sparsity"] = f"{sparsity:.3f}"
-                    bar.set_postfix(postfix)
-                stopping = processes.any(stop.signal is not None)  # a signal to any rank stops them all
-                periodic = config.checkpoint_every and progress.step % config.checkpoint_every == 0
-                if stopping or (periodic and progress.batch < run.steps_per_epoch):
-                    progress.wall_seconds = wall_before + time.perf_counter() - started
-                    run.save_checkpoint()
-                if stopping:
-                    bar.close()
-                    raise TrainingInterrupted(
-                        f"stopped by a signal at step {progress.step}; "
-                        f"checkpoint saved in {run.out}, rerun with --resume to continue"
-                    )
+
+def _train_epoch(run: _Run, stop: _StopRequested) -> None:
+    """The remaining steps of the current epoch, logging every `log_every` steps and checkpointing on the
+    schedule or when a signal asks to stop."""
+    progress, config = run.progress, run.config
+    run.model.train()
+    bar = tqdm(
+        total=run.steps_per_epoch,
+        initial=progress.batch,
+        leave=False,
+        dynamic_ncols=True,
+        desc=f"epoch {progress.epoch + 1}/{config.epochs}",
+        disable=not (config.progress and run.processes.is_main),
+    )
+    batches = run.train_set.batches(
+        config.batch_size,
+        True,
+        config.seed,
+        progress.epoch,
+        progress.batch,
+        drop_last=True,
+        shard=run.processes.shard,
+    )
+    for images, labels in batches:
+        if progress.step >= run.total_steps:
+            break
+        loss = _train_step(run, images, labels)
+        bar.update()
+        if progress.step % config.log_every == 0:
+            _log_step(run, loss, bar)
+        stopping = run.processes.any(stop.signal is not None)  # a signal to any rank stops them all
+        periodic = config.checkpoint_every and progress.step % config.checkpoint_every == 0
+        if stopping or (periodic and progress.batch < run.steps_per_epoch):
+            progress.wall_seconds = run.elapsed()
+            run.save_checkpoint()
+        if stopping:
             bar.close()
-            _end_epoch(run, started, wall_before)
+            raise TrainingInterrupted(
+                f"stopped by a signal at step {progress.step}; "
+                f"checkpoint saved in {run.out}, rerun with --resume to continue"
+            )
+    bar.close()
 
-    summary = {
+
+def _log_step(run: _Run, loss: float, bar: tqdm) -> None:
+    progress = run.progress
+    sparsity = run.sparsity()
+    run.log(
+        {
+            "kind": "step",
+            "step": progress.step,
+            "epoch": progress.epoch,
+            "loss": loss,
+            "lr": run.scheduler.get_last_lr()[0],
+            "gradient_sparsity": sparsity,
+            "skipped_steps": progress.skipped_steps,
+        }
+    )
+    postfix = {"loss": f"{loss:.3f}", "acc": f"{progress.epoch_correct / progress.epoch_seen:.3f}"}
+    if sparsity is not None:
+        postfix["sparsity"] = f"{sparsity:.3f}"
+    bar.set_postfix(postfix)
+
+
+def _summary(run: _Run) -> dict:
+    progress, config = run.progress, run.config
+    return {
         "final_test_accuracy": progress.final_test_accuracy,
         "best_test_accuracy": progress.best_test_accuracy,
         "epochs": progress.epoch,
@@ -638,21 +670,15 @@ def _train(config: TrainConfig, processes: Processes, device: torch.device) -> d
         "seed": config.seed,
         "model": config.model,
         "dataset": config.dataset,
-        "processes": processes.world_size,
+        "processes": run.processes.world_size,
         "layers": progress.layers,
     }
 
-    def write_results() -> None:
-        text = json.dumps(summary, indent=2).encode()
-        _atomic_write(run.out / "summary.json", lambda handle: handle.write(text))
-        # the probe holds the steps trained in this call: a finished run resumed (e.g. again in a
-        # pipeline job) keeps the probe.npz its training wrote
-        if run.probe is not None and progress.step > resumed_at:
-            run.probe.write(run.out / "probe.npz")
 
-    processes.on_main(write_results)
-    if run.probe is not None:
-        run.probe.close()
-    if run.attachment is not None:
-        run.attachment.detach()
-    return summary
+def _write_results(run: _Run, summary: dict, resumed_at: int) -> None:
+    text = json.dumps(summary, indent=2).encode()
+    _atomic_write(run.out / "summary.json", lambda handle: handle.write(text))
+    # the probe holds the steps trained in this call: a finished run resumed (e.g. again in a pipeline job)
+    # keeps the probe.npz its training wrote
+    if run.probe is not None and run.progress.step > resumed_at:
+        run.probe.write(run.out / "probe.npz")

@@ -5,7 +5,7 @@ the trained baselines of each model family, every compressed layer's neural grad
 (blocks along the output features, nearest rounding), with and without the Hadamard transform, and with one
 scale per layer (the same element format at the scale of least predicted MSE, the lognormal paper's
 scaling): the measured shares flushed to zero and clipped and the relative MSE, next to
-`gradcomp.block_theory`'s prediction from each layer's lognormal fit.
+`gradcomp.theory.block`'s prediction from each layer's lognormal fit.
 """
 
 from __future__ import annotations
@@ -39,7 +39,7 @@ from gradcomp.analysis.verdicts import (
     summarise,
 )
 from gradcomp.block_format import BlockFormat
-from gradcomp.block_theory import block_statistics, per_tensor_statistics
+from gradcomp.theory.block import block_statistics, per_tensor_statistics
 from gradcomp.compress import layer_log2_scale
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import BlockTheory, CompareWithinModels

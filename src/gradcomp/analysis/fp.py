@@ -9,7 +9,7 @@ import numpy as np
 import torch
 from scipy import stats
 
-from gradcomp import fp_theory
+from gradcomp.theory import fp as fp_theory
 from gradcomp.analysis.accuracy import (
     SCHEDULE,
     GapExperiment,
@@ -166,7 +166,7 @@ def _fp4_claim(settings: FpTheory, switch_points: list[dict]) -> list:
         f"the idealised grid, {points}); "
         f"4-bit optimum at sigma2 {low:g}-{high:g}: E = {', '.join(map(str, fp4))}"
     )
-    return [computed("L2", monotone and fp4 == [3], evidence, "analytic (fp_theory), no training")]
+    return [computed("L2", monotone and fp4 == [3], evidence, "analytic (gradcomp.theory.fp), no training")]
 
 
 def _switch(row: dict) -> str:
@@ -175,7 +175,7 @@ def _switch(row: dict) -> str:
 
 def _a4_caption(settings: FpTheory) -> str:
     return f"""Exact relative MSE E[(Q(x)-x)^2]/E[x^2] of nearest rounding of a lognormal (log2|x| ~
-        N(mu2, sigma2^2)) to FP grids, from gradcomp.fp_theory. (a) Against log2 scale + mu2 (the mean of
+        N(mu2, sigma2^2)) to FP grids, from gradcomp.theory.fp. (a) Against log2 scale + mu2 (the mean of
         log2|x·scale|) for FP6 [1,4,1] (saturating, with subnormals): an optimum between underflow and
         overflow. (b) At the optimal scale against sigma2 for every exponent/mantissa split of 6 bits
         (idealised grid). (c) The optimal number of exponent bits against sigma2 for
@@ -455,7 +455,7 @@ class _Layers:
     def predict(self, fmt: FPFormat, log2_scales: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per layer (last axis) at the given log2 scales (broadcast against the layers): the shares of
         non-zero values flushed to zero (below half the smallest subnormal) and clipped (beyond the largest
-        value), and the relative MSE of nearest rounding (fp_theory)."""
+        value), and the relative MSE of nearest rounding (gradcomp.theory.fp)."""
         centre = self.mu2 + log2_scales
         low, high = math.log2(fmt.min_subnormal / 2), math.log2(fmt.max_value)
         normal = torch.distributions.Normal(centre, self.sigma2)

@@ -3,7 +3,7 @@
 Accuracy: every arm against the uncompressed run of its model and scale (paired by seed). Variance: on each
 baseline's trained model (eval mode, test batches), the variance each arm's policy adds (a) to the neural
 gradients it compresses, relative to their energy, measured on the captured gradients and predicted by
-`gradcomp.unbiased_theory` from each layer's lognormal fit, its share of zeros and its largest value, and
+`gradcomp.theory.unbiased` from each layer's lognormal fit, its share of zeros and its largest value, and
 (b) to the weight gradient, relative to the weight gradient's energy (what SGD sees).
 """
 
@@ -39,7 +39,7 @@ from gradcomp.experiments import Successors
 from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.ops.stats import log_moments
 from gradcomp.policies import NM, Luq, Policy, Prune
-from gradcomp.unbiased_theory import luq_variance, nm_variance, prune_variance
+from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance
 
 THEORY, NAIVE = "theory", "naive"  # an arm's variance against its prediction; N:M's against the naive one
 

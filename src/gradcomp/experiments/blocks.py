@@ -20,7 +20,7 @@ class BlockTheory(AcrossModels):
     (policy strings: presets such as mxfp4, or block:...; nearest rounding, blocks along the output features)
     with and without the Hadamard transform of `hadamard` elements, and with one scale per layer (the element
     format at the least predicted MSE): measured flushed and clipped shares and relative MSE next to
-    `gradcomp.block_theory`'s; the theory agrees where the ln of the measured over the predicted MSE is within
+    `gradcomp.theory.block`'s; the theory agrees where the ln of the measured over the predicted MSE is within
     `theory_margin`."""
 
     formats: tuple[str, ...] = ("mxfp8", "mxfp6", "mxfp4", "nvfp4")

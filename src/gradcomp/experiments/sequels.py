@@ -21,7 +21,7 @@ class Successors(CompareWithinModels):
     """C3: the sequels' compressors (LUQ, MVUE N:M) next to stochastic pruning: every arm's accuracy against
     the uncompressed run of its model and scale, and the variance each arm's policy adds, measured on each
     baseline's trained models (`seeds`; None: every seed) over `batches` test batches and `draws` draws,
-    next to `gradcomp.unbiased_theory`'s prediction; the two agree where the ln of their ratio is within
+    next to `gradcomp.theory.unbiased`'s prediction; the two agree where the ln of their ratio is within
     `theory_margin`. Single-sample LUQ decides claim Q1, non-inferior within `luq_margin` (accuracy points;
     the paper's own loss, 1.1)."""
 

@@ -1,7 +1,7 @@
 """Block-scaled formats on a near-lognormal gradient: the expected shares flushed to zero and clipped, and the
 relative MSE, per scale rule, with and without the Hadamard transform (`gradcomp.ops.quantize_block`).
 
-Model (log2 units, as `gradcomp.fp_theory`): |g| iid with log2|g| ~ N(mu2, sigma2^2), random signs; a block
+Model (log2 units, as `gradcomp.theory.fp`): |g| iid with log2|g| ~ N(mu2, sigma2^2), random signs; a block
 holds B of them. Its scale X is a function of its largest magnitude M: MX floor 2^(floor(log2 M) - emax),
 MX ceil the least 2^k with M / 2^k <= max_value, NVFP4 s * E4M3(M / max_value / s) with s from the tensor's
 largest magnitude (the median of the largest of `numel` draws). Given M, the other B - 1 magnitudes are iid
