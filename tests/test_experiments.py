@@ -83,6 +83,8 @@ def test_optional_runs_are_left_out_only_where_the_settings_name_them():
         ),
         ("X1", {"runs": "some"}, "experiments.X1.runs must be"),
         ("A9", {"constrained": "c", "homogeneous": ["h"], "cosine": 0.9}, r"unknown settings \['cosine'\]"),
+        ("X4", {"pairs": [], "budgets": [2, 4, 8], "plateau": 8}, "plateau must exceed the longest budget 8"),
+        ("X4", {"pairs": [], "budgets": [2, 4, 8], "replicates": 3}, "replicates must be one of the budgets"),
     ],
 )
 def test_a_bad_setting_fails_naming_the_key(experiment_id, section, message):

@@ -22,7 +22,6 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from gradcomp.theory import fp as fp_theory
 from gradcomp._backend import Backend
 from gradcomp.choices import KERNEL_DTYPES, integer
 from gradcomp.formats import FPFormat
@@ -42,6 +41,7 @@ from gradcomp.ops.int_quant import quantize_columns
 from gradcomp.ops.stats import FIT_FIELDS, Calibration, add_zero_count, fit_statistics, log2_scale
 from gradcomp.policies import NM, Block, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 from gradcomp.rng import resolve_seed
+from gradcomp.theory import fp as fp_theory
 
 _LN2 = math.log(2.0)
 CHAIN_SEED_STRIDE = 7919  # member k of a chain draws its random bits from seed + k * CHAIN_SEED_STRIDE

@@ -305,10 +305,10 @@ class FloatingPoint(Policy):
 
     per_layer_mean (default): the reference code's rule, the log2 mean of |g| placed at 2^-3;
     per_layer_optimal: the scale minimising the relative MSE E[(Q(g)-g)^2]/E[g^2] of a lognormal with the
-    layer's (mu, sigma) (gradcomp.theory.fp). That error is carried by the large values: for sigma2 above about 3
-    binades and few exponent bits it keeps the tail and flushes most elements to zero (A10 predicts 95 %
-    for FP6 [1,4,1] on the default model, which still trains within noise of the mean rule there: A6);
-    not the reference's rule, hence not the default;
+    layer's (mu, sigma) (gradcomp.theory.fp). That error is carried by the large values: for sigma2 above
+    about 3 binades and few exponent bits it keeps the tail and flushes most elements to zero (A10
+    predicts 95 % for FP6 [1,4,1] on the default model, which still trains within noise of the mean rule
+    there: A6); not the reference's rule, hence not the default;
     global: the fixed `global_scale` (classic loss scaling) for every layer;
     dynamic: dynamic loss scaling as mixed-precision training does it (torch.amp.GradScaler's rule): one
     scale for every layer, starting at `global_scale`, halved after any step in which a scaled gradient

@@ -39,7 +39,6 @@ from gradcomp.analysis.verdicts import (
     summarise,
 )
 from gradcomp.block_format import BlockFormat
-from gradcomp.theory.block import block_statistics, per_tensor_statistics
 from gradcomp.compress import layer_log2_scale
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import BlockTheory, CompareWithinModels
@@ -47,6 +46,7 @@ from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.ops import log_moments, quantize_fp
 from gradcomp.ops.block import block_errors
 from gradcomp.policies import Block, FloatingPoint, parse_policy
+from gradcomp.theory.block import block_statistics, per_tensor_statistics
 
 _LN2 = math.log(2.0)
 PER_LAYER = "per layer"

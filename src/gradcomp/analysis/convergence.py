@@ -15,7 +15,7 @@ from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import EQUIVALENT, Comparison, by_arm, compare, having, one_sample, summarise
 from gradcomp.experiments import Budgets
 
-TREND, PLATEAU = "trend", "plateau"  # an arm's gap slope over the budgets; fp32's last doubling
+TREND, PLATEAU = "trend", "plateau"  # an arm's gap slope over the budgets; fp32's gain beyond the longest
 
 
 def _curves(group: RunGroup) -> PerSeed:
@@ -52,9 +52,11 @@ def _caption(settings: Budgets, groups: dict[str, RunGroup]) -> str:
     return f"""(a) Paired accuracy gap (points, mean over seeds with 95 % CI) of each headline arm against its
         reference, each trained for {budgets} epochs (cosine schedule over the budget): {pairs}; dashed:
         the ±{settings.margin:g} pt margin. (b) Test accuracy of {settings.reference} after each epoch
-        of every budget (mean over seeds). The gap at {settings.replicates} epochs replicates the default
-        configuration's full scale on other seeds; each arm's trend is the per-seed slope of its gap
-        against log2 of the budget (above 0: it catches up). {scale_note(groups)}"""
+        of every budget, and of {settings.plateau} epochs, trained for {settings.reference} only to
+        show whether it levels off by {settings.budgets[-1]} (mean over seeds). The gap at
+        {settings.replicates} epochs replicates the default configuration's full scale on other seeds;
+        each arm's trend is the per-seed slope of its gap against log2 of the budget (above 0: it catches
+        up). {scale_note(groups)}"""
 
 
 def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
@@ -83,7 +85,7 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
         )
         for arm, reference, _ in settings.pairs
     ]
-    fp32 = [runs[settings.run(settings.reference, b)] for b in settings.budgets]
+    fp32 = [runs[settings.run(settings.reference, b)] for b in (*settings.budgets, settings.plateau)]
     plateau = accuracy_pair(fp32[-1], fp32[-2], settings.margin, _budget_label, PLATEAU)
     comparisons = compare([*pairs, *trends, plateau])
     gaps = by_arm(comparisons)
@@ -99,9 +101,9 @@ def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:
     (gain,) = having(comparisons, PLATEAU)
     levelled = gain.verdict == EQUIVALENT
     findings.append(
-        f"fp32 from {settings.budgets[-2]} to {longest} epochs: {summarise([gain])}: "
+        f"fp32 from {longest} to {settings.plateau} epochs: {summarise([gain])}: "
         + (
-            f"accuracy has levelled off within ±{settings.margin:g} pt."
+            f"accuracy has levelled off within ±{settings.margin:g} pt by {longest} epochs."
             if levelled
             else f"not shown to level off ({gain.difference:+.2g} pt {gain.interval}): the gaps at "
             f"{longest} epochs are those of a longer budget, not of a shown plateau."

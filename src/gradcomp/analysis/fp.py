@@ -9,7 +9,6 @@ import numpy as np
 import torch
 from scipy import stats
 
-from gradcomp.theory import fp as fp_theory
 from gradcomp.analysis.accuracy import (
     SCHEDULE,
     GapExperiment,
@@ -42,6 +41,7 @@ from gradcomp.formats import FPFormat, parse_format
 from gradcomp.ops import quantize_fp
 from gradcomp.policies import FloatingPoint
 from gradcomp.probe import load_probe
+from gradcomp.theory import fp as fp_theory
 
 _LN2 = math.log(2.0)
 MONTE_CARLO_FORMATS = ("e5m2", "e4m3", "e4m1", "e3m1", "e3m0")

@@ -17,19 +17,23 @@ from gradcomp.experiments.base import (
 class Budgets(Params):
     """X4: headline arms and their references trained for each of `budgets` (epochs; run `<stem>_<b>ep`,
     cosine schedule over the budget); `pairs`: (arm stem, reference stem, claim) each; `reference`: the fp32
-    stem, whose learning curves and gain between the two longest budgets show where accuracy levels off;
+    stem, whose learning curves show where accuracy levels off; `plateau`: a longer budget trained for the
+    reference only, whose gain over the longest of `budgets` shows whether that budget is at a plateau;
     `replicates`: the budget at which the pairs replicate the claims' verdicts of config/default.yaml's full
     scale (on other seeds). Gaps within `margin` points count as none."""
 
     pairs: tuple[tuple[str, str, str], ...]
     reference: str = "baseline"
     budgets: tuple[int, ...] = (2, 4, 8)
+    plateau: int = 16
     replicates: int = 2
     margin: float = 1.0
 
     def __post_init__(self) -> None:
         if len(self.budgets) < 3 or list(self.budgets) != sorted(set(self.budgets)):
             raise ValueError(f"budgets must be at least 3 increasing epoch counts, got {list(self.budgets)}")
+        if self.plateau <= self.budgets[-1]:
+            raise ValueError(f"plateau must exceed the longest budget {self.budgets[-1]}, got {self.plateau}")
         if self.replicates not in self.budgets:
             raise ValueError(
                 f"replicates must be one of the budgets {list(self.budgets)}, got {self.replicates}"
@@ -44,7 +48,8 @@ class Budgets(Params):
 
     def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         stems = [self.reference, *(stem for pair in self.pairs for stem in pair[:2])]
-        return list(dict.fromkeys(self.run(stem, b) for b in self.budgets for stem in stems))
+        runs = [self.run(stem, b) for b in self.budgets for stem in stems]
+        return list(dict.fromkeys([*runs, self.run(self.reference, self.plateau)]))
 
 
 register(
