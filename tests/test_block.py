@@ -14,11 +14,11 @@ from torch import nn
 from gradcomp import hadamard, hadamard_inverse, parse_policy, quantize_block
 from gradcomp.attachment import attach
 from gradcomp.block_format import PRESETS, BlockFormat
-from gradcomp.theory.block import block_statistics, per_tensor_statistics
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.formats import parse_format
 from gradcomp.ops.block import block_errors
 from gradcomp.profiling import count_work
+from gradcomp.theory.block import block_statistics, per_tensor_statistics
 
 ELEMENTS = ["e4m3fn", "float8_e5m2", "e3m2fn", "e2m3fn", "e2m1fn"]
 NVFP4 = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}

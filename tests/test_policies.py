@@ -5,9 +5,9 @@ import pytest
 import torch
 from helpers import lognormal_gradient
 
-from gradcomp.theory import fp as fp_theory
 from gradcomp.compress import GradientCopy, LayerStats, compress, plan
 from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Prune, parse_policy
+from gradcomp.theory import fp as fp_theory
 
 
 @pytest.mark.parametrize(
