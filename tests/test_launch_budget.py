@@ -115,3 +115,28 @@ def test_the_attachment_adds_a_few_launches_per_layer_and_no_sync(kernel_device,
     assert not extra_ops and not work.syncs, str(work)
     assert sum(work.launches.values()) <= 3 * layers, str(work)
     assert 0 < handle.sparsity() < 1
+
+
+@pytest.mark.parametrize("policy", ["prune:sparsity=0.85", "fp:format=e4m1", "int:bits=4"])
+def test_the_noise_ratio_and_guard_add_nothing_between_their_steps(kernel_device, policy):
+    """With noise_every=4 and a guard, a step that is not a noise step does the work of the same step
+    without them (forward and backward), with no sync; the noise steps themselves sync once (each layer's
+    prediction reads its fit on the host) and are not counted here."""
+    images = torch.randn(16, 3, 8, 8, device=kernel_device)
+    labels = torch.arange(16, device=kernel_device) % 10
+
+    def step_work(model):
+        with count_work() as work:
+            nn.functional.cross_entropy(model(images), labels).backward()
+        return work
+
+    works = []
+    for noise in ({}, {"noise_every": 4, "guard": 1.7}):
+        model = _model().to(kernel_device)
+        attach(model, CompressionConfig(policy, **noise), backend="triton")
+        for _ in range(2):  # steps 0 (a noise step) and 1: warm-up
+            step_work(model)
+        works.append(step_work(model))  # step 2
+    plain, guarded = works
+    assert guarded.torch_ops == plain.torch_ops and guarded.launches == plain.launches, str(guarded)
+    assert not guarded.syncs, str(guarded)

@@ -48,6 +48,7 @@ from gradcomp import choices
 from gradcomp._backend import Backend
 from gradcomp.compress import GradientCopy, LayerStats, check_dtype, compress, plan
 from gradcomp.config import CompressionConfig
+from gradcomp.noise_monitor import NoiseMonitor
 from gradcomp.policies import Chain, Policy
 from gradcomp.rng import mix32, resolve_seed
 
@@ -82,6 +83,8 @@ class LayerState:
     attainable_numel: int = 0  # elements that was counted over since the last reset
     output: Callable[[], Tensor | None] = lambda: None  # weak reference to the last compressed output
     bn_output: Tensor | None = None  # the following BatchNorm's output gradient, this backward
+    policy: Policy | None = None  # the guard's fallback once it switched the layer (None: the attachment's)
+    trained: list[int] = field(default_factory=lambda: [0, 0])  # elements under the policy, the fallback
 
 
 class Attachment:
@@ -101,6 +104,7 @@ class Attachment:
         self._step_hooks: list[StepHook] = []
         self._warned: set[str] = set()
         self._undo: list[Callable[[], None]] = []
+        self.noise = NoiseMonitor(config) if config.noise_every is not None else None
 
     def __enter__(self) -> Attachment:
         return self
@@ -146,13 +150,29 @@ class Attachment:
             or (isinstance(refresh, int) and step % refresh == 0)
         )
         self._refit_unfitted(due)
-        plan(self.policy, [layer.stats for layer in self.layers], due)
+        self._finish_noise()
+        plan(self.policy, [layer.stats for layer in self.layers if layer.policy is None], due)
         self.step, self._begun, self._backward = step, True, False
+        if self.noise is not None and self.noise.due(step) and step >= self.config.warmup_steps:
+            self.noise.pending = step
         for layer in self.layers:
             layer.refresh = layer.refresh or due
             layer.backwards = 0
         for hook in list(self._step_hooks):
             hook(self, step)
+
+    def _finish_noise(self) -> None:
+        """The last noise step's ratios to the host; layers the guard switched compress with its fallback."""
+        if self.noise is None:
+            return
+        self.noise.finish()
+        for layer in self.layers:
+            if layer.policy is None and self.noise.switched(layer.index):
+                layer.policy, layer.stats = self.config.guard_fallback, LayerStats()
+
+    @property
+    def _noise_step(self) -> bool:
+        return self.noise is not None and self.noise.pending == self.step
 
     def _refit_unfitted(self, due: bool) -> None:
         """Layers whose last refresh fitted a non-finite value refresh again (one host sync, only in the
@@ -233,7 +253,8 @@ class Attachment:
             return g
         if count and layer.zeros is None:
             layer.zeros = torch.zeros((), dtype=torch.int64, device=g.device)
-        count_input = count and layer.refresh and self.policy.reports_attainable
+        policy = layer.policy or self.policy
+        count_input = count and layer.refresh and policy.reports_attainable
         if count_input and layer.attainable is None:
             layer.attainable = torch.zeros((), dtype=torch.int64, device=g.device)
         copy = GradientCopy(
@@ -248,11 +269,14 @@ class Attachment:
             feature_axis=layer.feature_axis,
             backend=self.backend,
         )
-        out = compress(self.policy, copy, layer.stats)
+        out = compress(policy, copy, layer.stats)
+        if self._noise_step and (weight_path or not policy.two_streams):
+            self.noise.observe(layer.index, policy, g, out, layer.stats.scale, weight_path)
         if count:
             layer.fitted = layer.fitted or layer.refresh
             layer.refresh = False
             layer.numel += out.numel()
+            layer.trained[layer.policy is not None] += out.numel()
             layer.attainable_numel += g.numel() if count_input else 0
         return out
 
@@ -311,11 +335,37 @@ class Attachment:
                 summary[layer.name] = {**counts, **_statistics(self.policy, layer.stats)}
         return summary
 
+    def noise_ratios(self) -> list[dict]:
+        """One row per (noise step, layer): the predicted and measured noise ratio of the layer's weight
+        gradient and their parts (`gradcomp.noise_monitor`); empty without noise_every."""
+        if self.noise is None:
+            return []
+        self._finish_noise()
+        return list(self.noise.history)
+
+    def guard_report(self, summary: dict | None = None) -> dict[str, object]:
+        """The guard's switches (layer -> step), the share of compressed elements that took the fallback
+        since training began, and the average bits per gradient element over training: the policy's and the
+        fallback's, weighted by the elements each compressed (`summary`: the run's, for policies whose bits
+        depend on it, e.g. pruning's measured sparsity)."""
+        self._finish_noise()
+        switches = {} if self.noise is None else self.noise.switches
+        policy, fallback = (sum(layer.trained[k] for layer in self.layers) for k in (0, 1))
+        share = fallback / (policy + fallback) if policy + fallback else 0.0
+        summary = summary or {}
+        bits = (1 - share) * self.policy.bits_per_element(summary) + (
+            share * self.config.guard_fallback.bits_per_element(summary) if share else 0.0
+        )
+        return {"switched": switches, "fallback_share": share, "average_bits": bits}
+
     def state_dict(self) -> dict:
-        """Statistics, pending refreshes and counts of every layer (for checkpoints)."""
+        """Statistics, pending refreshes and counts of every layer, and the noise ratios and guard (for
+        checkpoints; a noise step's values are brought to the host first, as the next step would)."""
+        self._finish_noise()
         return {
             "step": self.step,
             "backward": self._backward,
+            "noise": None if self.noise is None else self.noise.state(),
             "layers": {
                 layer.name: {
                     "stats": layer.stats.state(),
@@ -325,6 +375,7 @@ class Attachment:
                     "numel": layer.numel,
                     "attainable": layer.attainable,
                     "attainable_numel": layer.attainable_numel,
+                    "trained": list(layer.trained),
                 }
                 for layer in self.layers
             },
@@ -340,6 +391,12 @@ class Attachment:
                 layer.counted_before = saved.get("counted_before")
                 layer.attainable = saved.get("attainable")
                 layer.attainable_numel = saved.get("attainable_numel", 0)
+                layer.trained = list(saved.get("trained", (0, 0)))
+        if self.noise is not None and state.get("noise") is not None:
+            self.noise.load(state["noise"])
+            for layer in self.layers:
+                if self.noise.switched(layer.index):
+                    layer.policy = self.config.guard_fallback
 
     def detach(self) -> None:
         """Remove every hook and wrapper: the model is as before `attach`."""
@@ -500,9 +557,18 @@ def attach(
     if config.layer_types is None:
         _warn_small_share(model, config, chosen)
     attachment._undo.append(model.register_forward_pre_hook(attachment._auto_step).remove)
+    if attachment.noise is not None and config.placement != "output":
+        raise ValueError(
+            "noise_every: the noise ratio is that of a layer's weight gradient, which the gradient at its "
+            f"output feeds: it needs placement='output', got {config.placement!r}"
+        )
     for index, (name, module) in enumerate(chosen):
         layer = LayerState(name, index, 1 if isinstance(module, LAYER_TYPES["conv"]) else -1)
         attachment.layers.append(layer)
+        if attachment.noise is not None:
+            attachment._undo.extend(
+                attachment.noise.watch(index, name, module, lambda: attachment._noise_step)
+            )
         _ATTACHED[module] = attachment
         attachment._undo.append(functools.partial(_ATTACHED.pop, module, None))
         if config.policy.two_streams:

@@ -54,6 +54,13 @@ class CompressionConfig:
     "epoch" (first step of each epoch, as in the reference code) or an integer K (every K steps); no
     compression during the first `warmup_steps` steps (the reference code prunes after half an epoch: a fit
     from the first steps of a new network describes a longer refresh interval poorly).
+
+    Noise ratio (`gradcomp.noise_monitor`): every `noise_every` steps each compressed convolution and linear
+    layer predicts R = ||g_W|| / ||noise in g_W|| without a GEMM (one host sync per such step), and with
+    `measure_noise` also measures it (two extra weight-gradient GEMMs per layer on those steps). With
+    `guard` (e.g. 1.732, FP4 All the Way's sqrt(3)), a layer whose predicted R stays below it at
+    `guard_patience` consecutive noise steps compresses with `guard_fallback` (a policy, default exact
+    gradients) for the rest of training.
     """
 
     policy: Policy = field(default_factory=NoCompression)  # a policy string is parsed (parse_policy)
@@ -63,9 +70,15 @@ class CompressionConfig:
     placement: str = "output"
     refresh: str | int = "step"
     warmup_steps: int = 0
+    noise_every: int | None = None
+    measure_noise: bool = False
+    guard: float | None = None
+    guard_patience: int = 2
+    guard_fallback: Policy = field(default_factory=NoCompression)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", parse_policy(self.policy))
+        object.__setattr__(self, "guard_fallback", parse_policy(self.guard_fallback))
         for key in ("layer_types", "include", "exclude"):
             value = getattr(self, key)
             if isinstance(value, str):
@@ -88,6 +101,26 @@ class CompressionConfig:
             raise ValueError(f"refresh must be 'step', 'epoch' or an integer >= 1, got {self.refresh!r}")
         object.__setattr__(self, "refresh", refresh if isinstance(refresh, str) else int(refresh))
         object.__setattr__(self, "warmup_steps", integer("warmup_steps", self.warmup_steps, 0))
+        self._check_noise()
+
+    def _check_noise(self) -> None:
+        if self.noise_every is not None:
+            object.__setattr__(self, "noise_every", integer("noise_every", self.noise_every, 1))
+        if not isinstance(self.measure_noise, bool):
+            raise ValueError(f"measure_noise must be true or false, got {self.measure_noise!r}")
+        object.__setattr__(self, "guard_patience", integer("guard_patience", self.guard_patience, 1))
+        needs = [key for key in ("measure_noise", "guard") if getattr(self, key)]
+        if needs and self.noise_every is None:
+            raise ValueError(f"{needs[0]} needs noise_every (the steps at which the noise ratio is taken)")
+        if self.guard is not None:
+            object.__setattr__(self, "guard", positive("guard", self.guard))
+            if isinstance(self.policy, NoCompression):
+                raise ValueError("guard: the policy 'none' adds no noise, there is nothing to guard")
+            if self.guard_fallback.two_streams and not self.policy.two_streams:
+                raise ValueError(
+                    f"guard_fallback {self.guard_fallback.label} quantizes the two GEMMs' copies apart, "
+                    f"which {self.policy.label} does not: choose a one-stream fallback (e.g. none, fp)"
+                )
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -98,6 +131,7 @@ class CompressionConfig:
         """Plain YAML/JSON values (the policy as its string), read back by the constructor."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["policy"] = self.policy.describe()
+        values["guard_fallback"] = self.guard_fallback.describe()
         return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
 

@@ -2,7 +2,8 @@
 
 `train(config)` builds the data, the timm model and the compression attachment, then trains with SGD or
 AdamW, evaluating every epoch. It writes into `config.out`: `config.yaml` (the resolved configuration),
-`metrics.jsonl` (one JSON line per logged step and per epoch), `summary.json`, `checkpoint.pt` (every epoch,
+`metrics.jsonl` (one JSON line per logged step and per epoch, and with `noise_every` one per noise step and
+layer, written at the epoch's end), `summary.json` (with a guard, its report), `checkpoint.pt` (every epoch,
 every `checkpoint_every` steps and on SIGTERM/SIGINT, written atomically) and, when probing, `probe.npz`. With
 `resume=True` it continues from the checkpoint (and starts afresh when there is none) and, on CPU with a fixed
 seed, ends exactly where an uninterrupted run ends, also after a kill -9. A folder holding a previous run's
@@ -208,6 +209,7 @@ class Progress:
     consecutive_skips: int = 0
     last_sparsity: float | None = None
     layers: dict = field(default_factory=dict)  # per-layer compression figures of the last epoch
+    noise_rows: int = 0  # rows of the attachment's noise-ratio history logged so far
     metrics_bytes: int = 0  # metrics.jsonl's length at the last checkpoint
 
     def start_epoch(self) -> None:
@@ -258,6 +260,14 @@ class _Run:
         if self.attachment is None or isinstance(self.config.policy, NoCompression):
             return None
         return self.attachment.sparsity(self._total)
+
+    def noise_rows(self) -> list[dict]:
+        """The noise-ratio rows (per noise step and layer) not yet logged."""
+        if self.attachment is None:
+            return []
+        rows = self.attachment.noise_ratios()[self.progress.noise_rows :]
+        self.progress.noise_rows += len(rows)
+        return rows
 
     def layer_summary(self) -> dict:
         return self.attachment.layer_summary(self._total) if self.attachment is not None else {}
@@ -537,6 +547,8 @@ def _end_epoch(run: _Run) -> None:
         tqdm.write(
             f"epoch {progress.epoch + 1}: test accuracy {test_accuracy:.4f}, loss {test_loss:.4f}{note}"
         )
+    for row in run.noise_rows():
+        run.log({"kind": "noise", **row})
     progress.start_epoch()
     if run.attachment is not None:
         run.attachment.reset_counts()
@@ -658,7 +670,7 @@ def _log_step(run: _Run, loss: float, bar: tqdm) -> None:
 
 def _summary(run: _Run) -> dict:
     progress, config = run.progress, run.config
-    return {
+    summary = {
         "final_test_accuracy": progress.final_test_accuracy,
         "best_test_accuracy": progress.best_test_accuracy,
         "epochs": progress.epoch,
@@ -673,6 +685,9 @@ def _summary(run: _Run) -> dict:
         "processes": run.processes.world_size,
         "layers": progress.layers,
     }
+    if config.compression.guard is not None:
+        summary["guard"] = run.attachment.guard_report(summary)
+    return summary
 
 
 def _write_results(run: _Run, summary: dict, resumed_at: int) -> None:

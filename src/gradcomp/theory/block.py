@@ -204,15 +204,35 @@ def block_statistics(
 
 
 def per_tensor_statistics(
-    element: FPFormat, sigma2: float, log2_scale: float, rounding: str = "nearest"
+    element: FPFormat,
+    sigma2: float,
+    log2_scale: float,
+    rounding: str = "nearest",
+    largest: float | None = None,
+    numel: int = 1,
 ) -> ErrorShares:
     """The same for one scale for the whole tensor (g * 2^log2_scale is rounded, log2|g| ~ N(0, sigma2^2):
     a log2 mean mu2 adds to log2_scale) on the element format's grid, saturating: the lognormal paper's
-    per-layer scaling."""
+    per-layer scaling. Given the tensor's `largest` magnitude (in the units of g, so over 2^mu2 where mu2
+    is not 0) and its `numel` magnitudes, the statistics are those of that tensor, as for a block: the
+    other numel - 1 drawn below the largest, plus its own term (for few exponent bits and wide lognormals
+    the expected error is otherwise carried by the clipping of a tail the tensor does not have)."""
     distribution = _Lognormal(0.0, sigma2)
     points = np.concatenate([[0.0], element.positive_values().numpy()])
-    scale = np.array([2.0**-log2_scale])
-    flushed, clipped, error = _cells(
-        distribution, scale, points, np.array([np.inf]), rounding == "stochastic"
+    scale = 2.0**-log2_scale
+    stochastic = rounding == "stochastic"
+    upper = np.array([math.inf if largest is None else largest])
+    flushed, clipped, error = (
+        float(v[0]) for v in _cells(distribution, np.array([scale]), points, upper, stochastic)
     )
-    return ErrorShares(float(flushed[0]), float(clipped[0]), float(error[0]) / distribution.second_moment())
+    if largest is None:
+        return ErrorShares(flushed, clipped, error / distribution.second_moment())
+    others = (numel - 1) / float(distribution.cdf(upper)[0])
+    energy = others * float(distribution.partial(2, np.zeros(1), upper)[0]) + largest**2
+    own_zero, own_error = _round_to(upper / scale, points, stochastic)
+    own_clipped = float(largest / scale > points[-1])
+    return ErrorShares(
+        (others * flushed + float(own_zero[0])) / numel,
+        (others * clipped + own_clipped) / numel,
+        (others * error + float(own_error[0]) * scale**2) / energy,
+    )

@@ -1,0 +1,189 @@
+"""The noise ratio of a layer's weight gradient, predicted from what a compression policy already has.
+
+FP4 All the Way (Chmiel et al., NeurIPS 2025, section 4, appendix B.1): with quantization noise of squared
+norm E||g_hat - g||^2 in a gradient g, the loss decrease at the best step is most sensitive to the noise at
+||g|| / ||g_hat - g|| = sqrt(3), and training stalls below it. Here g is a layer's weight gradient g_W and
+the noise is what compressing the layer's neural gradient delta adds to it:
+
+    R = ||g_W|| / ||J^T (Q(delta) - delta)||,
+
+J^T the layer's weight-gradient map (the GEMM with its input activations). g_W stands for grad L: it is
+the minibatch's weight gradient, the direction the optimizer steps along. The paper's grad L is the
+expected gradient, whose norm the minibatch's exceeds by its sampling noise, so R as measured here is an
+upper bound of the paper's R late in training, when the sampling noise dominates; both are what the guard
+can see without extra passes, and the measured R is taken the same way.
+
+The prediction needs no GEMM:
+* the neural error E||Q(delta) - delta||^2 comes from the lognormal fit of delta's non-zeros (the theory of
+  each policy: `fp`, `block`, `unbiased`) times the fitted second moment and the count of non-zeros; integer
+  quantizers, whose error is set by their range rather than by the fit, from the range: stochastic rounding
+  adds (x - lo)(hi - x) to each element, summed exactly (one elementwise pass, no GEMM);
+* carried to the weight gradient through the energy of the layer's input: J^T e sums, for each weight,
+  e over (sample, position) times the input patch each position reads; with e uncorrelated across its
+  entries and of the same variance everywhere, E||J^T e||^2 = E||e||^2 * S / (rows * groups), S the sum
+  over (sample, position) of the squared norm of the input patch (`patch_energy`), rows the number of
+  (sample, position) pairs;
+* ||g_W||^2 is the compressed gradient's ||g_hat_W||^2 less the predicted noise (an unbiased compressor's
+  noise adds to the energy), at least a tenth of ||g_hat_W||^2.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from scipy import special
+from torch import Tensor, nn
+
+from gradcomp.lognormal import fit_lognormal_float
+from gradcomp.ops.stats import log_moments
+from gradcomp.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
+from gradcomp.theory.block import block_statistics, per_tensor_statistics
+from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance
+
+CRITICAL_RATIO = math.sqrt(3.0)  # FP4 All the Way, section 4: training stalls below it
+_LN2 = math.log(2.0)
+_MIN_SIGNAL = 0.1  # ||g_W||^2 predicted as at least this share of ||g_hat_W||^2
+_CONVOLUTIONS = {1: nn.functional.conv1d, 2: nn.functional.conv2d, 3: nn.functional.conv3d}
+
+
+@dataclass(frozen=True)
+class GradientFit:
+    """What the prediction reads from a neural gradient (host floats): the natural-log mean and std of its
+    non-zeros, their count, the element count, the largest magnitude, and the squared norm."""
+
+    mu: float
+    sigma: float
+    nonzero: int
+    numel: int
+    largest: float
+    energy: float
+
+    @classmethod
+    def of(cls, g: Tensor) -> GradientFit | None:
+        """The fit of `g` (one host sync); None without two finite non-zeros."""
+        moments = log_moments(g.detach(), backend="torch").tolist()
+        if moments[0] < 2:
+            return None
+        mu, sigma = fit_lognormal_float(moments)
+        finite = g.detach().double().nan_to_num(nan=0.0, posinf=0.0, neginf=0.0)
+        largest, energy = torch.stack([finite.abs().amax(), finite.square().sum()]).tolist()
+        return cls(mu, max(sigma, 1e-6), int(moments[0]), g.numel(), largest, energy)
+
+    @property
+    def zero_share(self) -> float:
+        return 1.0 - self.nonzero / self.numel
+
+    @property
+    def energy_given_largest(self) -> float:
+        """The expected squared norm of the non-zeros given the largest: the others drawn below it."""
+        z = (math.log(self.largest) - self.mu) / self.sigma
+        below = float(special.ndtr(z - 2 * self.sigma) / special.ndtr(z))
+        return (self.nonzero - 1) * math.exp(2 * self.mu + 2 * self.sigma**2) * below + self.largest**2
+
+    @property
+    def fitted_energy(self) -> float:
+        """The fitted lognormal's second moment times the non-zeros: what relative theory errors scale."""
+        return math.exp(2 * self.mu + 2 * self.sigma**2) * self.nonzero
+
+
+def neural_error(policy: Policy, g: Tensor, scale: Tensor | float | None = None, weight_path: bool = True):
+    """Predicted E||Q(g) - g||^2 of `policy` on the layer gradient `g` (the copy of the weight-gradient GEMM
+    where the policy has two); `scale`: the FP policy's scale (the layer's statistics). None where the
+    policy has no prediction (heterogeneous or non-lognormal pruning, BHQ, chains)."""
+    if isinstance(policy, NoCompression):
+        return 0.0
+    if isinstance(policy, Integer):
+        return _integer_error(policy, g, weight_path)
+    fit = GradientFit.of(g)
+    if fit is None:
+        return 0.0
+    relative = _relative_error(policy, fit, scale)
+    return None if relative is None else relative * fit.fitted_energy
+
+
+def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | None) -> float | None:
+    """The theory's error over the fitted lognormal's second moment."""
+    mu2, sigma2 = fit.mu / _LN2, fit.sigma / _LN2
+    if isinstance(policy, Prune):
+        if policy.estimator != "lognormal" or policy.heterogeneous:
+            return None
+        return prune_variance(fit.sigma, policy.sparsity, fit.zero_share)
+    if isinstance(policy, Luq):
+        largest = fit.largest / math.exp(fit.mu)
+        return luq_variance(fit.sigma, policy.bits, fit.numel, policy.samples, largest=largest)
+    if isinstance(policy, NM):
+        return nm_variance(fit.sigma, policy.n, policy.m, zero_share=fit.zero_share)
+    if isinstance(policy, FloatingPoint):
+        if scale is None:
+            return None
+        log2_scale = mu2 + math.log2(float(scale))
+        largest = fit.largest / math.exp(fit.mu)
+        shares = per_tensor_statistics(policy.fmt, sigma2, log2_scale, policy.rounding, largest, fit.nonzero)
+        return shares.relative_mse * fit.energy_given_largest / fit.fitted_energy
+    if isinstance(policy, Block):
+        shares = block_statistics(
+            policy.format, sigma2, policy.rounding, bool(policy.hadamard), fit.numel, nodes=512, mu2=mu2
+        )
+        return shares.relative_mse
+    return None
+
+
+def _integer_error(policy: Integer, g: Tensor, weight_path: bool) -> float | None:
+    """Stochastic rounding's exact expected error given g: Delta^2 f (1 - f) per element, f its position
+    within its bin of width Delta on its group's min-max grid (the scheme's groups: the tensor, each column
+    or each row); BHQ, whose transform mixes rows, has no prediction here."""
+    scheme, bits = (policy.weight_path, policy.weight_bits) if weight_path else ("same", policy.bits)
+    if scheme == "same":
+        scheme, bits = policy.scheme, policy.bits
+    if scheme == "none":
+        return 0.0
+    if scheme == "bhq":
+        return None
+    x = g.detach().double()
+    rows = x.reshape(1, -1) if scheme == "ptq" or x.dim() < 2 else x.reshape(x.shape[0], -1)
+    dim = 0 if scheme == "column" and x.dim() >= 2 else 1
+    low, high = torch.aminmax(rows, dim=dim, keepdim=True)
+    step = (high - low) / (2**bits - 1)
+    position = torch.where(step > 0, (rows - low) / step, 0.0)
+    f = position - position.floor()
+    return float((step.square() * f * (1 - f)).sum())
+
+
+def patch_energy(module: nn.Module, x: Tensor) -> Tensor:
+    """S: the sum over (sample, output position) of the squared norm of the input patch each position reads
+    (a linear layer: ||x||^2), as a 0-d float64 tensor (one small convolution of x^2 summed over channels,
+    no GEMM with the weights)."""
+    if isinstance(module, nn.Linear):
+        return x.detach().double().square().sum()
+    if not isinstance(module, nn.modules.conv._ConvNd) or module.padding_mode != "zeros":
+        raise TypeError(f"patch_energy takes linear and zero-padded convolution layers, got {module}")
+    squares = x.detach().double().square().sum(1, keepdim=True)
+    ones = squares.new_ones((1, 1, *module.kernel_size))
+    convolve = _CONVOLUTIONS[len(module.kernel_size)]
+    return convolve(squares, ones, None, module.stride, module.padding, module.dilation).sum()
+
+
+def rows_and_groups(module: nn.Module, output: Tensor) -> tuple[int, int]:
+    """(sample, position) pairs of the layer's output, and its convolution groups (1 for linear layers)."""
+    if isinstance(module, nn.Linear):
+        return output.numel() // module.out_features, 1
+    return output.numel() // module.out_channels, module.groups
+
+
+def weight_noise(error: float, energy: float, rows: int, groups: int) -> float:
+    """E||J^T e||^2 for a neural error of squared norm `error` spread evenly and uncorrelated (module doc)."""
+    return error * energy / (rows * groups)
+
+
+def noise_ratio(signal: float, noise: float) -> float:
+    """||g_W|| / ||noise||: inf without noise, 0 without signal."""
+    if noise <= 0:
+        return math.inf
+    return math.sqrt(max(signal, 0.0) / noise)
+
+
+def predicted_signal(compressed: float, noise: float) -> float:
+    """||g_W||^2 predicted from the compressed gradient's ||g_hat_W||^2 less the predicted noise."""
+    return max(compressed - noise, _MIN_SIGNAL * compressed)
