@@ -12,7 +12,6 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-import torch
 from torch import Tensor
 
 from gradcomp.analysis.accuracy import (
@@ -36,39 +35,25 @@ from gradcomp.analysis.verdicts import Comparison, Pair, compare, having, one_sa
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
-from gradcomp.lognormal import fit_lognormal_float
-from gradcomp.ops.stats import log_moments
 from gradcomp.policies import NM, Luq, Policy, Prune
-from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance
+from gradcomp.theory.noise import GradientFit, neural_error
 
 THEORY, NAIVE = "theory", "naive"  # an arm's variance against its prediction; N:M's against the naive one
 
 
 def predicted_variance(policy: Policy, g: Tensor) -> float | None:
-    """The theory's relative added variance for one layer's gradient g, from the lognormal fit of its
-    non-zeros (natural-log mu, sigma), its zero share and its largest value; None for other policies.
+    """The theory's relative added variance for one layer's gradient g (`gradcomp.theory.noise`: from the
+    lognormal fit of its non-zeros, its zero share and its largest value), over g's energy; None for
+    policies other than the unbiased ones C3 compares, or a gradient without two non-zeros.
 
-    The theory's variance is relative to the fitted lognormal's second moment exp(2 mu + 2 sigma^2); it is
-    rescaled here to the non-zeros' measured mean square, the denominator of the measurement. Real layers
-    are not one lognormal (A1: two populations), and that moment, set by the upper tail, can differ from the
+    The theory's variance is relative to the fitted lognormal's second moment exp(2 mu + 2 sigma^2), here
+    times the non-zeros and over their measured energy, the denominator of the measurement. Real layers are
+    not one lognormal (A1: two populations), and that moment, set by the upper tail, can differ from the
     measured one by orders of magnitude; the added variance comes mostly from the bulk the fit describes."""
-    values = g.detach().double().flatten()
-    moments = log_moments(values, backend="torch").tolist()
-    if moments[0] < 2:
+    if not isinstance(policy, (Luq, NM, Prune)) or GradientFit.of(g) is None:
         return None
-    mu, sigma = fit_lognormal_float(moments)
-    zeros = moments[3] / values.numel()
-    nonzero = values[(values != 0) & torch.isfinite(values)]
-    if isinstance(policy, Luq):
-        largest = float(nonzero.abs().max()) / math.exp(mu)
-        relative = luq_variance(sigma, policy.bits, values.numel(), policy.samples, largest=largest)
-    elif isinstance(policy, NM):
-        relative = nm_variance(sigma, policy.n, policy.m, zero_share=zeros)
-    elif isinstance(policy, Prune) and policy.estimator == "lognormal" and not policy.heterogeneous:
-        relative = prune_variance(sigma, policy.sparsity, zeros)
-    else:
-        return None
-    return relative * math.exp(2 * mu + 2 * sigma * sigma) / float(nonzero.square().mean())
+    error = neural_error(policy, g)
+    return None if error is None else error / float(g.detach().double().square().sum())
 
 
 def _neural_variance(
