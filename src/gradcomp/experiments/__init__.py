@@ -38,6 +38,7 @@ from gradcomp.experiments.beyond import EveryRun, PruneWithFp
 from gradcomp.experiments.blocks import BlockTheory
 from gradcomp.experiments.convergence import Budgets
 from gradcomp.experiments.distributions import GoodnessOfFit
+from gradcomp.experiments.failure import NoiseRatios
 from gradcomp.experiments.fp import FailurePairs, FpTheory, Scaling
 from gradcomp.experiments.sequels import Successors
 from gradcomp.experiments.sparsity import Calibration, Heterogeneous, SyntheticSparsity
@@ -86,6 +87,7 @@ __all__ = [
     "FqtAccuracy",
     "GoodnessOfFit",
     "Heterogeneous",
+    "NoiseRatios",
     "Params",
     "PruneWithFp",
     "RangePredictor",
