@@ -184,7 +184,7 @@ def test_the_guard_switches_a_layer_below_its_threshold_after_its_patience():
     handle = attach(model, config)
     for step in range(7):
         _step(model, step)
-    report = handle.guard_report()
+    report = handle.switch_report()
     assert report["switched"] == {"0": 2, "3": 2, "6": 2}  # below at steps 0 and 2
     assert all(layer.policy == parse_policy("none") for layer in handle.layers)
     # steps 0-2 under FP4 (4 bits: one copy feeds both GEMMs), 3-6 exact (32 bits)
@@ -203,8 +203,8 @@ def test_the_guard_leaves_layers_above_its_threshold_alone():
     handle = attach(model, CompressionConfig("fp:format=e2m1", noise_every=1, guard=1e-9))
     for step in range(4):
         _step(model, step)
-    assert handle.guard_report()["switched"] == {} and all(layer.policy is None for layer in handle.layers)
-    assert handle.guard_report()["fallback_share"] == 0
+    assert handle.switch_report()["switched"] == {} and all(layer.policy is None for layer in handle.layers)
+    assert handle.switch_report()["fallback_share"] == 0
 
 
 @pytest.mark.parametrize(
@@ -213,8 +213,8 @@ def test_the_guard_leaves_layers_above_its_threshold_alone():
         ({"measure_noise": True}, "measure_noise needs noise_every"),
         ({"guard": 1.7}, "guard needs noise_every"),
         ({"guard": 0, "noise_every": 5}, "guard must be a finite number > 0"),
-        ({"policy": "none", "guard": 1.7, "noise_every": 5}, "nothing to guard"),
-        ({"guard": 1.7, "noise_every": 5, "guard_fallback": "int:bits=8"}, "one-stream fallback"),
+        ({"policy": "none", "guard": 1.7, "noise_every": 5}, "nothing to switch from"),
+        ({"guard": 1.7, "noise_every": 5, "fallback": "int:bits=8"}, "one-stream fallback"),
         ({"noise_every": 0}, "noise_every must be"),
         ({"guard": 1.7, "noise_every": 5, "guard_patience": 0}, "guard_patience must be"),
     ],
@@ -239,6 +239,22 @@ def test_the_guard_state_survives_a_checkpoint():
     handle.detach()
     again = attach(model, config)
     again.load_state_dict(state)
-    assert again.guard_report()["switched"] == handle.guard_report()["switched"] == {"0": 0, "3": 0}
+    assert again.switch_report()["switched"] == handle.switch_report()["switched"] == {"0": 0, "3": 0}
     assert [layer.policy for layer in again.layers] == [parse_policy("none")] * 2
     assert again.noise_ratios() == handle.noise_ratios()
+
+
+def test_switch_step_switches_every_layer_from_that_step():
+    model = _net()
+    handle = attach(model, CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), switch_step=3))
+    for step in range(5):
+        _step(model, step)
+    report = handle.switch_report()
+    assert report["switched"] == {"0": 3, "3": 3, "6": 3}
+    assert report["fallback_share"] == pytest.approx(2 / 5)
+    state = handle.state_dict()
+    handle.detach()
+    again = attach(model, CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), switch_step=3))
+    again.load_state_dict(state)
+    assert again.switch_report() == report
+    assert all(layer.policy == parse_policy("none") for layer in again.layers)

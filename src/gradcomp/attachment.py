@@ -83,7 +83,8 @@ class LayerState:
     attainable_numel: int = 0  # elements that was counted over since the last reset
     output: Callable[[], Tensor | None] = lambda: None  # weak reference to the last compressed output
     bn_output: Tensor | None = None  # the following BatchNorm's output gradient, this backward
-    policy: Policy | None = None  # the guard's fallback once it switched the layer (None: the attachment's)
+    policy: Policy | None = None  # the fallback once the layer switched (None: the attachment's)
+    switched_at: int | None = None  # the step it switched (guard or switch_step)
     trained: list[int] = field(default_factory=lambda: [0, 0])  # elements under the policy, the fallback
 
 
@@ -151,6 +152,9 @@ class Attachment:
         )
         self._refit_unfitted(due)
         self._finish_noise()
+        if self.config.switch_step is not None and step >= self.config.switch_step:
+            for layer in self.layers:
+                self._switch(layer, step)
         plan(self.policy, [layer.stats for layer in self.layers if layer.policy is None], due)
         self.step, self._begun, self._backward = step, True, False
         if self.noise is not None and self.noise.due(step) and step >= self.config.warmup_steps:
@@ -162,13 +166,17 @@ class Attachment:
             hook(self, step)
 
     def _finish_noise(self) -> None:
-        """The last noise step's ratios to the host; layers the guard switched compress with its fallback."""
+        """The last noise step's ratios to the host; layers the guard switched compress with the fallback."""
         if self.noise is None:
             return
         self.noise.finish()
         for layer in self.layers:
-            if layer.policy is None and self.noise.switched(layer.index):
-                layer.policy, layer.stats = self.config.guard_fallback, LayerStats()
+            if self.noise.switched(layer.index):
+                self._switch(layer, self.noise.layers[layer.index].switched_at)
+
+    def _switch(self, layer: LayerState, step: int) -> None:
+        if layer.policy is None:
+            layer.policy, layer.stats, layer.switched_at = self.config.fallback, LayerStats(), step
 
     @property
     def _noise_step(self) -> bool:
@@ -343,18 +351,18 @@ class Attachment:
         self._finish_noise()
         return list(self.noise.history)
 
-    def guard_report(self, summary: dict | None = None) -> dict[str, object]:
-        """The guard's switches (layer -> step), the share of compressed elements that took the fallback
-        since training began, and the average bits per gradient element over training: the policy's and the
-        fallback's, weighted by the elements each compressed (`summary`: the run's, for policies whose bits
-        depend on it, e.g. pruning's measured sparsity)."""
+    def switch_report(self, summary: dict | None = None) -> dict[str, object]:
+        """The switches to the fallback (layer -> step; the guard's or switch_step's), the share of the
+        compressed elements that took the fallback since training began, and the average bits per gradient
+        element over training: the policy's and the fallback's, weighted by the elements each compressed
+        (`summary`: the run's, for policies whose bits depend on it, e.g. pruning's measured sparsity)."""
         self._finish_noise()
-        switches = {} if self.noise is None else self.noise.switches
+        switches = {layer.name: layer.switched_at for layer in self.layers if layer.switched_at is not None}
         policy, fallback = (sum(layer.trained[k] for layer in self.layers) for k in (0, 1))
         share = fallback / (policy + fallback) if policy + fallback else 0.0
         summary = summary or {}
         bits = (1 - share) * self.policy.bits_per_element(summary) + (
-            share * self.config.guard_fallback.bits_per_element(summary) if share else 0.0
+            share * self.config.fallback.bits_per_element(summary) if share else 0.0
         )
         return {"switched": switches, "fallback_share": share, "average_bits": bits}
 
@@ -376,6 +384,7 @@ class Attachment:
                     "attainable": layer.attainable,
                     "attainable_numel": layer.attainable_numel,
                     "trained": list(layer.trained),
+                    "switched_at": layer.switched_at,
                 }
                 for layer in self.layers
             },
@@ -392,11 +401,10 @@ class Attachment:
                 layer.attainable = saved.get("attainable")
                 layer.attainable_numel = saved.get("attainable_numel", 0)
                 layer.trained = list(saved.get("trained", (0, 0)))
+                layer.switched_at = saved.get("switched_at")
+                layer.policy = None if layer.switched_at is None else self.config.fallback
         if self.noise is not None and state.get("noise") is not None:
             self.noise.load(state["noise"])
-            for layer in self.layers:
-                if self.noise.switched(layer.index):
-                    layer.policy = self.config.guard_fallback
 
     def detach(self) -> None:
         """Remove every hook and wrapper: the model is as before `attach`."""

@@ -59,8 +59,9 @@ class CompressionConfig:
     layer predicts R = ||g_W|| / ||noise in g_W|| without a GEMM (one host sync per such step), and with
     `measure_noise` also measures it (two extra weight-gradient GEMMs per layer on those steps). With
     `guard` (e.g. 1.732, FP4 All the Way's sqrt(3)), a layer whose predicted R stays below it at
-    `guard_patience` consecutive noise steps compresses with `guard_fallback` (a policy, default exact
-    gradients) for the rest of training.
+    `guard_patience` consecutive noise steps compresses with `fallback` (a policy, default exact
+    gradients) for the rest of training; with `switch_step`, every layer does from that step on (a fixed
+    late switch of the backward pass, FP4 All the Way's section 5).
     """
 
     policy: Policy = field(default_factory=NoCompression)  # a policy string is parsed (parse_policy)
@@ -74,11 +75,12 @@ class CompressionConfig:
     measure_noise: bool = False
     guard: float | None = None
     guard_patience: int = 2
-    guard_fallback: Policy = field(default_factory=NoCompression)
+    switch_step: int | None = None
+    fallback: Policy = field(default_factory=NoCompression)
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "policy", parse_policy(self.policy))
-        object.__setattr__(self, "guard_fallback", parse_policy(self.guard_fallback))
+        object.__setattr__(self, "fallback", parse_policy(self.fallback))
         for key in ("layer_types", "include", "exclude"):
             value = getattr(self, key)
             if isinstance(value, str):
@@ -114,13 +116,18 @@ class CompressionConfig:
             raise ValueError(f"{needs[0]} needs noise_every (the steps at which the noise ratio is taken)")
         if self.guard is not None:
             object.__setattr__(self, "guard", positive("guard", self.guard))
-            if isinstance(self.policy, NoCompression):
-                raise ValueError("guard: the policy 'none' adds no noise, there is nothing to guard")
-            if self.guard_fallback.two_streams and not self.policy.two_streams:
-                raise ValueError(
-                    f"guard_fallback {self.guard_fallback.label} quantizes the two GEMMs' copies apart, "
-                    f"which {self.policy.label} does not: choose a one-stream fallback (e.g. none, fp)"
-                )
+        if self.switch_step is not None:
+            object.__setattr__(self, "switch_step", integer("switch_step", self.switch_step, 0))
+        switching = [key for key in ("guard", "switch_step") if getattr(self, key) is not None]
+        if switching and isinstance(self.policy, NoCompression):
+            raise ValueError(
+                f"{switching[0]}: the policy 'none' adds no noise, there is nothing to switch from"
+            )
+        if switching and self.fallback.two_streams and not self.policy.two_streams:
+            raise ValueError(
+                f"fallback {self.fallback.label} quantizes the two GEMMs' copies apart, which "
+                f"{self.policy.label} does not: choose a one-stream fallback (e.g. none, fp)"
+            )
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -131,7 +138,7 @@ class CompressionConfig:
         """Plain YAML/JSON values (the policy as its string), read back by the constructor."""
         values = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
         values["policy"] = self.policy.describe()
-        values["guard_fallback"] = self.guard_fallback.describe()
+        values["fallback"] = self.fallback.describe()
         return {key: list(value) if isinstance(value, tuple) else value for key, value in values.items()}
 
 

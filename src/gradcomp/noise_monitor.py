@@ -9,7 +9,7 @@ the noise itself (the weight-gradient GEMMs of the neural gradient and of the co
 steps only). The compressed weight gradient's norm is read where autograd accumulates it. When the next
 step begins, the values come to the host (one sync per noise step), the ratios are recorded in `history`,
 and the guard switches a layer whose "carried" ratio stayed below `guard` for `guard_patience` noise steps
-in a row to `guard_fallback` for the rest of training. It acts on "carried" because the lognormal fit
+in a row to `fallback` for the rest of training. It acts on "carried" because the lognormal fit
 misses the error of some real layers by an order of magnitude (the tails of a two-population gradient;
 see the noise-ratio experiment), while the carrying itself holds within a factor of about two.
 """
@@ -60,7 +60,7 @@ class LayerNoise:
 @dataclass
 class NoiseMonitor:
     """See the module doc. `history`: one row per (noise step, layer) with the predicted and measured R and
-    their parts; `switches`: layer -> the step its guard switched it."""
+    their parts."""
 
     config: CompressionConfig
     layers: dict[int, LayerNoise] = field(default_factory=dict)  # by the attachment's layer index
@@ -160,12 +160,6 @@ class NoiseMonitor:
         self.history = list(state["history"])
         for layer in self.layers.values():
             layer.below, layer.switched_at = state["layers"].get(layer.name, (0, None))
-
-    @property
-    def switches(self) -> dict[str, int]:
-        return {
-            layer.name: layer.switched_at for layer in self.layers.values() if layer.switched_at is not None
-        }
 
     def switched(self, index: int) -> bool:
         layer = self.layers.get(index)

@@ -3,7 +3,7 @@
 `train(config)` builds the data, the timm model and the compression attachment, then trains with SGD or
 AdamW, evaluating every epoch. It writes into `config.out`: `config.yaml` (the resolved configuration),
 `metrics.jsonl` (one JSON line per logged step and per epoch, and with `noise_every` one per noise step and
-layer, written at the epoch's end), `summary.json` (with a guard, its report), `checkpoint.pt` (every epoch,
+layer, written at the epoch's end), `summary.json` (with a guard or switch_step, the switches), `checkpoint.pt` (every epoch,
 every `checkpoint_every` steps and on SIGTERM/SIGINT, written atomically) and, when probing, `probe.npz`. With
 `resume=True` it continues from the checkpoint (and starts afresh when there is none) and, on CPU with a fixed
 seed, ends exactly where an uninterrupted run ends, also after a kill -9. A folder holding a previous run's
@@ -685,8 +685,8 @@ def _summary(run: _Run) -> dict:
         "processes": run.processes.world_size,
         "layers": progress.layers,
     }
-    if config.compression.guard is not None:
-        summary["guard"] = run.attachment.guard_report(summary)
+    if config.compression.guard is not None or config.compression.switch_step is not None:
+        summary["switches"] = run.attachment.switch_report(summary)
     return summary
 
 
