@@ -3,8 +3,9 @@
 `train(config)` builds the data, the timm model and the compression attachment, then trains with SGD or
 AdamW, evaluating every epoch. It writes into `config.out`: `config.yaml` (the resolved configuration),
 `metrics.jsonl` (one JSON line per logged step and per epoch, and with `noise_every` one per noise step and
-layer, written at the epoch's end), `summary.json` (with a guard or switch_step, the switches), `checkpoint.pt` (every epoch,
-every `checkpoint_every` steps and on SIGTERM/SIGINT, written atomically) and, when probing, `probe.npz`. With
+layer, written at the epoch's end), `summary.json` (with a guard or switch_step, the switches),
+`checkpoint.pt` (every epoch, every `checkpoint_every` steps and on SIGTERM/SIGINT, written atomically) and,
+when probing, `probe.npz`. With
 `resume=True` it continues from the checkpoint (and starts afresh when there is none) and, on CPU with a fixed
 seed, ends exactly where an uninterrupted run ends, also after a kill -9. A folder holding a previous run's
 checkpoint or summary is refused unless `resume` or `overwrite` (delete those files, then start) says what to

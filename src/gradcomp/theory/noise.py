@@ -29,6 +29,7 @@ The prediction needs no GEMM:
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -114,7 +115,7 @@ def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | No
         largest = fit.largest / math.exp(fit.mu)
         return luq_variance(fit.sigma, policy.bits, fit.numel, policy.samples, largest=largest)
     if isinstance(policy, NM):
-        return nm_variance(fit.sigma, policy.n, policy.m, zero_share=fit.zero_share)
+        return _nm_variance(round(fit.sigma, 2), policy.n, policy.m, round(fit.zero_share, 3))
     if isinstance(policy, FloatingPoint):
         if scale is None:
             return None
@@ -123,11 +124,24 @@ def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | No
         shares = per_tensor_statistics(policy.fmt, sigma2, log2_scale, policy.rounding, largest, fit.nonzero)
         return shares.relative_mse * fit.energy_given_largest / fit.fitted_energy
     if isinstance(policy, Block):
-        shares = block_statistics(
-            policy.format, sigma2, policy.rounding, bool(policy.hadamard), fit.numel, nodes=512, mu2=mu2
-        )
-        return shares.relative_mse
+        # power-of-two scales make it periodic in mu2 (period 1)
+        mu2, sigma2 = round(mu2 % 1.0 * 20) / 20, round(sigma2 * 20) / 20
+        return _block_error(policy.format, policy.rounding, bool(policy.hadamard), fit.numel, mu2, sigma2)
     return None
+
+
+# Quadrature (N:M) and integrals over the block maximum (blocks) take milliseconds to tens of milliseconds;
+# a layer's fit changes little between noise steps, so they are taken at rounded parameters and kept.
+@functools.lru_cache(maxsize=4096)
+def _nm_variance(sigma: float, n: int, m: int, zero_share: float) -> float:
+    return nm_variance(max(sigma, 1e-3), n, m, zero_share=zero_share)
+
+
+@functools.lru_cache(maxsize=4096)
+def _block_error(fmt, rounding: str, hadamard: bool, numel: int, mu2: float, sigma2: float) -> float:
+    return block_statistics(
+        fmt, max(sigma2, 0.05), rounding, hadamard, numel, nodes=512, mu2=mu2
+    ).relative_mse
 
 
 def _integer_error(policy: Integer, g: Tensor, weight_path: bool) -> float | None:
