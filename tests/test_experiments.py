@@ -152,6 +152,17 @@ def _fake_summary(policy, rng: random.Random, accuracy: float) -> dict:
     }
 
 
+def _fake_steps(rng: random.Random) -> list[dict]:
+    """Made-up training losses and noise-ratio rows (one layer) of four logged steps."""
+    records = []
+    for step in range(4):
+        records.append({"kind": "step", "step": step, "loss": 2.0 - 0.1 * step + rng.gauss(0, 0.05)})
+        noise = {f"{kind}_{part}": value for kind in ("theory", "carried", "measured")
+                 for part, value in (("signal", 1.0), ("noise", rng.lognormvariate(-1, 1)))}  # fmt: skip
+        records.append({"kind": "noise", "step": step, "layer": "conv1", "compressed_signal": 1.0, **noise})
+    return records
+
+
 @pytest.fixture(scope="module")
 def tiny_runs(tmp_path_factory):
     """Every (run, seed) of tests/pipeline_tiny.yaml: the runs measured at a checkpoint trained for real (a
@@ -172,7 +183,8 @@ def tiny_runs(tmp_path_factory):
                 (folder / "summary.json").write_text(json.dumps(summary))
                 epochs = [{"kind": "epoch", "epoch": e, "test_accuracy": summary["final_test_accuracy"]}
                           for e in range(config.epochs)]  # fmt: skip
-                (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in epochs))
+                records = _fake_steps(rng) if config.compression.noise_every else []
+                (folder / "metrics.jsonl").write_text("".join(json.dumps(e) + "\n" for e in records + epochs))
             folders.setdefault(run, {})[seed] = folder
     return folders
 

@@ -20,8 +20,8 @@ from gradcomp.analysis.runs import (
 )
 from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
 from gradcomp.analysis.tables import Result, Table
+from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, Pair, by_arm, summarise
 from gradcomp.analysis.verdicts import GAP as GAP_ROLE
-from gradcomp.analysis.verdicts import Comparison, Pair, by_arm, summarise
 from gradcomp.datasets import lookup
 from gradcomp.experiments import CompareWithinModels
 
@@ -336,3 +336,42 @@ class GapExperiment:
             findings=[*(model_finding(self.models, b, gaps) for b in self.models.baselines), *findings],
             claims=list(claims),
         )
+
+
+def held_out_pair(
+    models: WithinModels, held: Sequence[str], fails: set[str], margin: float, role: str
+) -> Pair | None:
+    """A failure criterion fixed on one model, on the runs `held` out of that fit: per seed, the mean
+    accuracy gap to fp32 of those it predicts to train against that of those it predicts to fail (`fails`),
+    superiority beyond `margin` where it explains the failures; None where it predicts every run alike."""
+    fail = [run for run in held if run in fails]
+    train = [run for run in held if run not in fails]
+    if not fail or not train:
+        return None
+    arms = {arm.name: arm for arm in models.arms}
+
+    def mean_gap(names: list[str]) -> dict[int, float]:
+        shared = set.intersection(*(set(arms[n].seeds) & set(models.own[n].seeds) for n in names))
+        return {
+            seed: sum(arms[n].accuracy[seed] - models.own[n].accuracy[seed] for n in names) / len(names)
+            for seed in sorted(shared)
+        }
+
+    return Pair(
+        f"held-out runs predicted to train ({', '.join(models.label(arms[n]) for n in train)})",
+        f"those predicted to fail ({', '.join(models.label(arms[n]) for n in fail)}), gap to fp32",
+        mean_gap(train),
+        mean_gap(fail),
+        margin=margin,
+        scale="; ".join(dict.fromkeys(arms[n].scale for n in held)),
+        role=role,
+    )
+
+
+FAILS, TRAINS, UNDECIDED = "fails", "trains", "undecided"  # what training showed against fp32 of a model
+
+
+def outcome(gap: Comparison) -> str:
+    """A run's gap to fp32 of its model as an outcome: fails (worse), trains (equivalent within the margin,
+    or better), undecided (inconclusive)."""
+    return {WORSE: FAILS, EQUIVALENT: TRAINS, BETTER: TRAINS}.get(gap.verdict, UNDECIDED)

@@ -1,28 +1,45 @@
-"""F0: the noise ratio R = ||g_W|| / ||noise in g_W|| of each layer's weight gradient (FP4 All the Way,
-section 4: training stalls below sqrt(3)), measured with the weight-gradient GEMMs and predicted without
-them (`gradcomp.noise_monitor`), on the trained models of every family under every lossy policy."""
+"""F0-F2: when compressed gradients stall training. F0: the noise ratio R = ||g_W|| / ||noise in g_W|| of
+each layer's weight gradient (FP4 All the Way, section 4: training stalls below sqrt(3)), measured with the
+weight-gradient GEMMs and predicted without them (`gradcomp.noise_monitor`), on the trained models of every
+family under every lossy policy. F1: whether the time a run spends below sqrt(3) ranks the accuracy it
+loses, and L7 on that criterion. F2: switching the backward pass to fp32 late, or where the guard says."""
 
 from __future__ import annotations
 
+import json
 import math
-from collections import defaultdict
+import statistics
+from collections import Counter, defaultdict
 
 import torch
+from scipy import stats
 from torch import nn
 
-from gradcomp.analysis.runs import RunGroup, training_context
+from gradcomp.analysis.accuracy import (
+    FAILS,
+    UNDECIDED,
+    WithinModels,
+    accuracy_pair,
+    held_out_pair,
+    outcome,
+    run_row,
+)
+from gradcomp.analysis.claims import decide, deciding, undecided
+from gradcomp.analysis.runs import Run, RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import EQUIVALENT, compare, one_sample
+from gradcomp.analysis.verdicts import EQUIVALENT, Pair, by_arm, compare, one_sample, summarise
 from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig
-from gradcomp.experiments import NoiseRatios
+from gradcomp.experiments import LateSwitch, NoiseRatios, Stalls
 from gradcomp.noise_monitor import PREDICTIONS
-from gradcomp.policies import parse_policy
+from gradcomp.policies import FloatingPoint, parse_policy
 from gradcomp.theory.noise import CRITICAL_RATIO, noise_ratio
 
 KINDS = (*PREDICTIONS, "measured")
+CORRELATION, HELD_OUT, SWITCH = "correlation", "held_out", "switch"  # F1's correlations, L7's pair; F2's
+CUTOFFS = tuple(c / 10 for c in range(10))  # L7: shares of time below the threshold tried on one model
 
 
 def _ratios(model: nn.Module, spec: str, batches: list) -> list[dict]:
@@ -157,3 +174,276 @@ def _caption(settings: NoiseRatios, groups: dict[str, RunGroup]) -> str:
         compressed gradient's energy less the predicted noise. One panel per family and prediction;
         dashed: a factor of {math.exp(settings.margin):.3g}. Comparisons: per family and policy, the ln of
         the model-wide predicted over measured R against 0, equivalent within ±{settings.margin:.3g}."""
+
+
+# --- F1 and L7 ----------------------------------------------------------------------------------------------
+def _records(run: Run, kind: str) -> list[dict]:
+    lines = (run.folder / "metrics.jsonl").read_text().splitlines()
+    return [record for record in map(json.loads, lines) if record["kind"] == kind]
+
+
+def noise_history(run: Run) -> dict[str, list[tuple[int, float]]]:
+    """Per kind of R, (step, model-wide R) of each noise step the run logged."""
+    steps: dict[int, list[dict]] = defaultdict(list)
+    for record in _records(run, "noise"):
+        steps[record["step"]].append(record)
+    history: dict[str, list[tuple[int, float]]] = {kind: [] for kind in KINDS}
+    for step, rows in sorted(steps.items()):
+        for kind in KINDS:
+            ratio = _model_ratio(rows, kind)
+            if ratio is not None:
+                history[kind].append((step, ratio))
+    return history
+
+
+def _departure(arm: Run, baseline: Run, tolerance: float) -> int | None:
+    """The first logged step from which the arm's training loss exceeds the baseline's by more than
+    `tolerance` (relative) at every later logged step; None where it never does."""
+    arm_loss = {r["step"]: r["loss"] for r in _records(arm, "step")}
+    base_loss = {r["step"]: r["loss"] for r in _records(baseline, "step")}
+    steps = sorted(set(arm_loss) & set(base_loss))
+    above = [not arm_loss[s] <= (1 + tolerance) * base_loss[s] for s in steps]  # a NaN loss is above
+    for index, step in enumerate(steps):
+        if all(above[index:]):
+            return step
+    return None
+
+
+def _run_rows(settings: Stalls, models: WithinModels) -> list[dict]:
+    """Per arm and seed: the share of noise steps below the threshold and the first such step for each kind
+    of R, the departure step and the accuracy gap to fp32 of its model (points)."""
+    rows = []
+    for arm in models.arms:
+        baseline = models.own[arm.name]
+        for seed in sorted(set(arm.seeds) & set(baseline.seeds)):
+            run, base = arm.runs[seed], baseline.runs[seed]
+            history = noise_history(run)
+            if not history["measured"]:
+                raise ValueError(
+                    f"experiments.F1: run {arm.name!r} logged no measured noise ratio (set noise_every and "
+                    "measure_noise on it)"
+                )
+            row = {"run": arm.name, "model": arm.model, "label": models.label(arm), "seed": seed}
+            for kind, points in history.items():
+                below = [step for step, ratio in points if ratio < settings.threshold]
+                row[f"{kind}_below"] = len(below) / len(points) if points else None
+                row[f"{kind}_crossing"] = below[0] if below else None
+            row["departure"] = _departure(run, base, settings.departure)
+            row["gap_pt"] = 100 * (run.accuracy - base.accuracy)
+            rows.append(row)
+    return rows
+
+
+def _correlation_pairs(settings: Stalls, rows: list[dict]) -> list[Pair]:
+    """Per kind of R, per seed: Spearman's correlation over the runs between the accuracy loss and the
+    share of time below the threshold, against `correlation_margin` (F1 decided by the measured R)."""
+    pairs = []
+    for kind in KINDS:
+        per_seed = {}
+        for seed in sorted({row["seed"] for row in rows}):
+            mine = [r for r in rows if r["seed"] == seed and r[f"{kind}_below"] is not None]
+            if len(mine) >= 4:
+                per_seed[seed] = float(
+                    stats.spearmanr(
+                        [r[f"{kind}_below"] for r in mine], [-r["gap_pt"] for r in mine]
+                    ).statistic
+                )
+        pair = one_sample(
+            f"Spearman(accuracy loss, time with {kind} R < {settings.threshold:.3g}) over the runs",
+            {seed: rho for seed, rho in per_seed.items() if not math.isnan(rho)},
+            0.0,
+            "no association",
+            margin=settings.correlation_margin,
+            higher_is_better=True,
+            role=CORRELATION,
+            arm=kind,
+        )
+        pairs += deciding("F1", [pair]) if kind == "measured" else [pair]
+    return pairs
+
+
+def _timing(rows: list[dict]) -> str:
+    """Where the measured R crossed the threshold against where training departed from fp32."""
+    counts: Counter[str] = Counter()
+    lags = []
+    for row in rows:
+        crossed, departed = row["measured_crossing"], row["departure"]
+        if crossed is not None and departed is not None:
+            counts["crossed, then departed" if departed >= crossed else "departed before crossing"] += 1
+            lags.append(departed - crossed)
+        else:
+            counts[{(True, False): "crossed, never departed", (False, True): "departed, never crossed"}.get(
+                (crossed is not None, departed is not None), "neither"
+            )] += 1  # fmt: skip
+    lag = f"; median lag from crossing to departure {statistics.median(lags):g} steps" if lags else ""
+    return (
+        f"Timing over {len(rows)} (run, seed) pairs: "
+        + ", ".join(f"{name} {count}" for name, count in counts.most_common())
+        + lag
+        + "."
+    )
+
+
+def _l7(settings: Stalls, rows: list[dict], models: WithinModels, outcomes: dict[str, str]):
+    """L7: the share of time with the theory's R below the threshold that best separates failing from
+    training FP runs on `fit_on`'s runs (ties: the cutoff nearest one half), applied to the other models'."""
+    fp = {arm.name for arm in models.arms if isinstance(arm.policy, FloatingPoint)}  # L7 is about FP formats
+    shares: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        if row["run"] in fp and row["theory_below"] is not None:
+            shares[row["run"]].append(row["theory_below"])
+    mean = {run: sum(values) / len(values) for run, values in shares.items()}
+    model = {row["run"]: row["model"] for row in rows}
+    fit = [run for run in mean if model[run] == settings.fit_on and outcomes[run] != UNDECIDED]
+    held = [run for run in mean if model[run] != settings.fit_on]
+    if not fit or not held:
+        why = f"no decided {settings.fit_on} FP run or no FP run of another model"
+        return undecided("L7", why), [], math.nan
+
+    def agreement(cutoff: float) -> int:
+        return sum((mean[run] > cutoff) == (outcomes[run] == FAILS) for run in fit)
+
+    cutoff = max(CUTOFFS, key=lambda c: (agreement(c), -abs(c - 0.5)))
+    fails = {run for run in held if mean[run] > cutoff}
+    pair = held_out_pair(models, held, fails, settings.margin, HELD_OUT)
+    fitted = (
+        f"; criterion: the theory's R below {settings.threshold:.3g} for more than {cutoff:.0%} of the "
+        f"noise steps, fixed on {settings.fit_on} (right for {agreement(cutoff)} of its {len(fit)} decided "
+        f"runs), applied to {len(held)} runs of {len({model[r] for r in held})} other models"
+    )
+    if pair is None:
+        return undecided("L7", f"the criterion predicts every held-out run alike{fitted}"), [], cutoff
+    comparisons = compare(deciding("L7", [pair]))
+    return decide("L7", comparisons, fitted), comparisons, cutoff
+
+
+def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
+    """F1: whether time with the noise ratio below sqrt(3) ranks the accuracy lost; L7 on it."""
+    models = WithinModels.of_settings(settings, runs, "F1")
+    gaps = compare(models.gap_pairs(settings.margin))
+    outcomes = {arm: outcome(gap) for arm, gap in by_arm(gaps).items()}
+    rows = _run_rows(settings, models)
+    correlations = compare(_correlation_pairs(settings, rows))
+    l7, held_out, cutoff = _l7(settings, rows, models, outcomes)
+    groups = {group.name: group for group in [*models.baselines, *models.arms]}
+    per_run = PerSeed(("run",), {f"{kind}_below": LINEAR for kind in KINDS} | {"gap_pt": LINEAR})
+    for row in rows:
+        values = {f"{kind}_below": row[f"{kind}_below"] for kind in KINDS}
+        per_run.add(row["seed"], {"run": row["label"]}, **values, gap_pt=row["gap_pt"])
+    table = [
+        row | {"outcome": outcomes[name]} for row, name in zip(per_run.rows(), _names(rows), strict=True)
+    ]
+    f1 = decide("F1", correlations)
+    return Result(
+        caption=_stalls_caption(settings, models, groups),
+        tables={
+            "main": Table("Time below the threshold and accuracy gap of every run", table),
+            "runs": Table("Every run and seed", rows, markdown=False),
+            "history": Table("Model-wide R at every noise step", _history_rows(models), markdown=False),
+        },
+        comparisons=correlations + held_out + gaps,
+        findings=[
+            summarise(correlations),
+            _timing(rows),
+            f"L7 on the noise ratio the lognormal fit predicts: {l7.status} ({l7.evidence}).",
+        ],
+        claims=[f1, l7],
+        facts={"threshold": settings.threshold, "cutoff": cutoff, "kinds": list(KINDS)},
+    )
+
+
+def _names(rows: list[dict]) -> list[str]:
+    """The run of each PerSeed row, in the order of first appearance."""
+    return list(dict.fromkeys(row["run"] for row in rows))
+
+
+def _history_rows(models: WithinModels) -> list[dict]:
+    rows = []
+    for group in [*models.baselines, *models.arms]:
+        for seed, run in group.runs.items():
+            for kind, points in noise_history(run).items():
+                rows += [
+                    {
+                        "run": group.name,
+                        "model": group.model,
+                        "seed": seed,
+                        "kind": kind,
+                        "step": s,
+                        "ratio": r,
+                    }
+                    for s, r in points
+                ]
+    return rows
+
+
+def _stalls_caption(settings: Stalls, models: WithinModels, groups: dict[str, RunGroup]) -> str:
+    return f"""(a) Per run, the share of its noise steps whose model-wide noise ratio R (measured) is below
+        {settings.threshold:.3g} (FP4 All the Way's sqrt(3)) against its accuracy gap to fp32 of its model
+        (mean over seeds). (b) Model-wide measured R over training for every run (one line per run, mean over
+        seeds; dotted: the threshold). {models.caption()}. {training_context(groups)}. A run departs from
+        fp32 at the first logged step from which its training loss exceeds fp32's (same seed) by more than
+        {settings.departure:.0%} to the end. F1: per seed, Spearman's correlation over the runs between the
+        accuracy loss and the time below the threshold, above {settings.correlation_margin:g}
+        (superiority). L7: the same with the R the lognormal theory predicts, its cutoff fixed on
+        {settings.fit_on} and applied to the other models' runs (held-out runs predicted to train against
+        those predicted to fail, superiority beyond ±{settings.margin:g} pt)."""
+
+
+# --- F2 -----------------------------------------------------------------------------------------------------
+def late_switch(settings: LateSwitch, runs: dict[str, RunGroup]) -> Result:
+    """F2: one format throughout, with the guard, and switched late, against fp32 and each other."""
+    baseline, throughout, guarded, late = (
+        runs[name] for name in (settings.baseline, settings.throughout, settings.guarded, settings.late)
+    )
+    models = WithinModels.of([baseline], [throughout, guarded, late], "experiments.F2.baseline")
+    margin, label = settings.margin, models.label
+    pairs = [
+        *deciding("F2", [accuracy_pair(late, baseline, margin, label)]),
+        *deciding("F3", [accuracy_pair(late, throughout, margin, label, SWITCH)]),
+        accuracy_pair(throughout, baseline, margin, label),
+        accuracy_pair(guarded, baseline, margin, label),
+        accuracy_pair(guarded, throughout, margin, label, SWITCH),
+    ]
+    comparisons = compare(pairs)
+    rows = []
+    for group in (baseline, throughout, guarded, late):
+        bits = {seed: run.summary.get("switches", {}).get("average_bits") for seed, run in group.runs.items()}
+        switched = [
+            min(run.summary["switches"]["switched"].values(), default=None)
+            for run in group.runs.values()
+            if "switches" in run.summary
+        ]
+        rows.append(
+            run_row(group)
+            | {
+                "label": label(group),
+                "average_bits": _mean([b for b in bits.values() if b is not None]),
+                "first_switch_step": _mean([s for s in switched if s is not None]),
+            }
+        )
+    groups = {group.name: group for group in (baseline, throughout, guarded, late)}
+    return Result(
+        caption=_late_caption(settings, groups, guarded, late),
+        tables={"main": Table("Accuracy and average gradient bits of each arm", rows)},
+        comparisons=comparisons,
+        findings=[summarise(comparisons)],
+        claims=[decide("F2", comparisons), decide("F3", comparisons)],
+    )
+
+
+def _mean(values: list[float]) -> float | None:
+    return sum(values) / len(values) if values else None
+
+
+def _late_caption(
+    settings: LateSwitch, groups: dict[str, RunGroup], guarded: RunGroup, late: RunGroup
+) -> str:
+    guard = guarded.config["compression"]
+    return f"""Final test accuracy of {groups[settings.throughout].label} throughout training, with the
+        precision guard (a layer goes to fp32 for the rest of training once its predicted noise ratio stays
+        below {guard["guard"]:g} at {guard["guard_patience"]} noise steps in a row, one every
+        {guard["noise_every"]} steps) and switched to fp32 in every layer from step
+        {late.config["compression"]["switch_step"]} (the late switch), against fp32; with each arm's average
+        bits per gradient element over training. {training_context(groups)}. F2 (FP4 All the Way, section 5):
+        the late switch non-inferior to fp32 within {settings.margin:g} pt; F3 (NVIDIA, appendix D): the
+        late switch equivalent to the format throughout within ±{settings.margin:g} pt."""

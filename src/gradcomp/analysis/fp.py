@@ -10,24 +10,26 @@ import torch
 from scipy import stats
 
 from gradcomp.analysis.accuracy import (
+    FAILS,
     SCHEDULE,
+    TRAINS,
+    UNDECIDED,
     GapExperiment,
     WithinModels,
     claim_of,
     gap_cells,
+    held_out_pair,
+    outcome,
     per_seed_table,
     run_row,
     scale_note,
 )
-from gradcomp.analysis.claims import Decision, computed, decide, deciding, undecided
+from gradcomp.analysis.claims import computed
 from gradcomp.analysis.runs import RunGroup, accuracy_estimate, model_key, training_context
 from gradcomp.analysis.seeds import POSITIVE, Estimate, PerSeed, number, spearman
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
-    BETTER,
-    EQUIVALENT,
     FAMILIES,
-    WORSE,
     Comparison,
     Pair,
     by_arm,
@@ -48,6 +50,7 @@ MONTE_CARLO_FORMATS = ("e5m2", "e4m3", "e4m1", "e3m1", "e3m0")
 MONTE_CARLO_SIGMAS = (1.5, 3.0)
 SCALE_SIGMAS = (1.0, 2.0, 3.0, 4.0)  # sigma2 of the curves of panel (a)
 RULE, SPLIT, FIX = "rule", "split", "fix"  # A6: a scaling rule against the reference rule; the theory's split
+HELD_OUT = "held_out"  # A10: the MSE rule's held-out runs predicted to train against those predicted to fail
 # against the others; A10: a failing run against its fix
 FP4 = 4  # the bit width of the claim's predicted format [1,3,0]
 
@@ -521,7 +524,6 @@ def _fp_member(group: RunGroup) -> FloatingPoint:
 
 
 SCOPES = {"element": "predicted", "every-layer": "predicted_worst_layer"}
-FAILS, TRAINS, UNDECIDED = "fails", "trains", "undecided"
 
 
 @dataclass(frozen=True)
@@ -545,12 +547,6 @@ class _Criterion:
         return (
             f"more than {self.max_clipped:g} clipped or {self.max_flushed:g} flushed ({self.scope} criterion)"
         )
-
-
-def _measured(comparison: Comparison) -> str:
-    """What training showed against fp32 of the run's model: fails (worse), trains (equivalent within
-    the margin, or better), undecided (inconclusive)."""
-    return {WORSE: FAILS, EQUIVALENT: TRAINS, BETTER: TRAINS}.get(comparison.verdict, UNDECIDED)
 
 
 def _agreement(rows: list[dict], criterion: _Criterion) -> tuple[int, int, int]:
@@ -632,7 +628,7 @@ def _arm_rows(
                 **prediction,
                 **run_row(arm),
                 **gap_cells(gaps[arm.name]),
-                "measured": _measured(gaps[arm.name]),
+                "measured": outcome(gaps[arm.name]),
                 "prediction": prediction,
             }
         )
@@ -765,43 +761,11 @@ def _fit_finding(best: _Criterion, test: dict, fit_model: str) -> str:
 def _held_out_pair(
     best: _Criterion, rows: list[dict], models: WithinModels, fit_model: str, margin: float
 ) -> Pair | None:
-    """L7's deciding comparison: per seed, the mean accuracy gap to fp32 of the other models' runs the
-    fitted criterion predicts to train, against that of the runs it predicts to fail (None where it
-    predicts every held-out run alike: nothing to compare)."""
-    held = [row["run"] for row in rows if row["model"] != fit_model]
-    fails = [run for run in held if bool(best.fails(next(r for r in rows if r["run"] == run)["prediction"]))]
-    trains = [run for run in held if run not in fails]
-    if not fails or not trains:
-        return None
-    arms = {arm.name: arm for arm in models.arms}
-
-    def mean_gap(names: list[str]) -> dict[int, float]:
-        shared = set.intersection(*(set(arms[n].seeds) & set(models.own[n].seeds) for n in names))
-        return {
-            seed: sum(arms[n].accuracy[seed] - models.own[n].accuracy[seed] for n in names) / len(names)
-            for seed in sorted(shared)
-        }
-
-    label = ", ".join
-    return Pair(
-        f"held-out runs predicted to train ({label(models.label(arms[n]) for n in trains)})",
-        f"those predicted to fail ({label(models.label(arms[n]) for n in fails)}), gap to fp32",
-        mean_gap(trains),
-        mean_gap(fails),
-        margin=margin,
-        scale="; ".join(dict.fromkeys(arms[n].scale for n in held)),
-    )
-
-
-def _fp_claim(best: _Criterion, fit_model: str, pair: Pair | None) -> tuple[Decision, list[Comparison]]:
-    """L7, decided on the models the criterion was not fitted on: the runs it predicts to train lose less
-    accuracy than those it predicts to fail, by more than the margin (superiority, paired by seed); its
-    comparison, for the experiment's table."""
-    fitted = f"; criterion fitted on {fit_model} ({best.text}), applied to the other models' runs"
-    if pair is None:
-        return undecided("L7", f"the criterion predicts every held-out run alike{fitted}"), []
-    comparisons = compare(deciding("L7", [pair]))
-    return decide("L7", comparisons, fitted), comparisons
+    """The MSE rule on the models it was not fitted on: the held-out runs it predicts to train against
+    those it predicts to fail (`held_out_pair`)."""
+    held = [row for row in rows if row["model"] != fit_model]
+    fails = {row["run"] for row in held if bool(best.fails(row["prediction"]))}
+    return held_out_pair(models, [row["run"] for row in held], fails, margin, HELD_OUT)
 
 
 def _window_statement(row: dict) -> str:
@@ -904,9 +868,8 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
     rows = _arm_rows(models.arms, models.own, layers, by_arm(comparisons))
     fit_model = runs[settings.fit_on or settings.baselines[0]].model
     best, test = _fit_and_test(settings, rows, fit_model)
-    claim, held_out = _fp_claim(
-        best, fit_model, _held_out_pair(best, rows, models, fit_model, settings.margin)
-    )
+    pair = _held_out_pair(best, rows, models, fit_model, settings.margin)
+    held_out = [] if pair is None else compare([pair])
     window, per_model, formats = _windows(settings, baselines, layers)
     groups = {group.name: group for group in [*baselines, *models.arms]}
     swept = FloatingPoint(settings.format).format_label
@@ -932,6 +895,17 @@ def failure_cases(settings: FailurePairs, runs: dict[str, RunGroup]) -> Result:
             "baseline": Table("fp32", [run_row(g) | {"model": g.model} for g in baselines], markdown=False),
         },
         comparisons=comparisons + held_out,
-        findings=_a10_findings(settings, rows, (best, test, fit_model), per_model, formats),
-        claims=[claim],
+        findings=[
+            *_a10_findings(settings, rows, (best, test, fit_model), per_model, formats),
+            _held_out_finding(held_out, best, fit_model),
+        ],
     )
+
+
+def _held_out_finding(held_out: list[Comparison], best: _Criterion, fit_model: str) -> str:
+    """The MSE rule's held-out test in words (claim L7 is decided by F1, on the noise ratio)."""
+    fitted = f"The MSE rule fitted on {fit_model} ({best.text}) on the other models' runs"
+    if not held_out:
+        return f"{fitted}: it predicts every held-out run alike, nothing to compare."
+    (c,) = held_out
+    return f"{fitted}: {c.a} vs {c.b}: {c.difference:+.3g} pt {c.interval}, {c.decision}."

@@ -1,13 +1,25 @@
-"""F0: predicting when compressed gradients stall training, from the noise ratio of each layer's weight
-gradient (FP4 All the Way, section 4). Settings and registrations; the compute and draw steps are in
-gradcomp.analysis.failure and gradcomp.plots.failure."""
+"""F0-F2: predicting when compressed gradients stall training, from the noise ratio of each layer's weight
+gradient (FP4 All the Way, section 4), and acting on it (section 5; NVIDIA's NVFP4 report, appendix D).
+Settings and registrations; the compute and draw steps are in gradcomp.analysis.failure and
+gradcomp.plots.failure."""
 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
-from gradcomp.experiments.base import AcrossModels, register
+from gradcomp.experiments.base import (
+    ACCURACY_MARGIN,
+    EQUIVALENCE,
+    LOGNORMAL,
+    NON_INFERIORITY,
+    SUPERIORITY,
+    AcrossModels,
+    CompareWithinModels,
+    Params,
+    register,
+)
 from gradcomp.policies import Chain, parse_policy
 
 
@@ -48,4 +60,105 @@ register(
     stage="failure",
     title="The noise ratio of each layer's weight gradient, predicted without a GEMM against measured",
     params=NoiseRatios,
+)
+
+
+FP4_ALL_THE_WAY = "Chmiel, Fishman, Banner, Soudry, NeurIPS 2025 (FP4 All the Way)"
+NVIDIA_NVFP4 = "NVIDIA, arXiv 2509.25149 (NVFP4 pretraining)"
+
+
+@dataclass(frozen=True)
+class Stalls(CompareWithinModels):
+    """F1 and L7: every run of `runs` logs its layers' noise ratios (noise_every, measure_noise) and its
+    training loss; each is compared with the uncompressed run of its model (`baseline`). A run spends the
+    share of its noise steps whose model-wide R is below `threshold` (FP4 All the Way's sqrt(3)); it departs
+    from fp32 at the first logged step from which its training loss exceeds fp32's (same seed) by more than
+    `departure` (relative) to the end. F1: per seed, the Spearman correlation over the runs between the
+    accuracy loss and the share of time with the measured R below the threshold, above
+    `correlation_margin`. L7: the share of time with the R the lognormal theory predicts below the
+    threshold that best tells failing runs (worse than fp32 beyond `margin`) from training ones on
+    `fit_on`'s runs, then applied to the other models' runs: those it predicts to train lose less than those
+    it predicts to fail, beyond `margin`."""
+
+    fit_on: str = "resnet18"
+    threshold: float = math.sqrt(3.0)
+    correlation_margin: float = 0.5
+    departure: float = 0.1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not (self.threshold > 0 and 0 <= self.correlation_margin < 1 and self.departure > 0):
+            raise ValueError("threshold and departure must be positive, correlation_margin in [0, 1)")
+
+
+@dataclass(frozen=True)
+class LateSwitch(Params):
+    """F2: one format trained `throughout`, with the precision guard (`guarded`: fp32 from where a layer's
+    predicted R stays below sqrt(3)) and with a fixed late switch of the whole backward pass to fp32
+    (`late`), against fp32 (`baseline`), all of one model and scale; accuracy differences within `margin`
+    points count as none."""
+
+    baseline: str
+    throughout: str
+    guarded: str
+    late: str
+    margin: float = 1.0
+
+    def __post_init__(self) -> None:
+        if not self.margin > 0:
+            raise ValueError(f"margin must be positive, got {self.margin}")
+
+    def named_runs(self, all_runs: Sequence[str]) -> list[str]:
+        return [self.baseline, self.throughout, self.guarded, self.late]
+
+
+register(
+    id="F1",
+    slug="stalls",
+    stage="failure",
+    title="Does a noise ratio below sqrt(3) predict where compressed training stalls?",
+    params=Stalls,
+    claims={
+        "F1": (
+            FP4_ALL_THE_WAY,
+            "Quantized training stalls once the gradient's noise ratio ||grad L|| / (sigma_q sqrt(d)) falls "
+            "below sqrt(3) (section 4, appendix B.1): the accuracy lost grows with the time spent below it.",
+            SUPERIORITY,
+            "a rank correlation above 0.5: the criterion must order most runs to serve as a guard, not "
+            "merely correlate",
+        ),
+        "L7": (
+            LOGNORMAL,
+            "The lognormal model explains the workloads where low-precision FP gradients fail: too few "
+            "exponent bits for sigma, or one scale for layers with different mu (v1 abstract); tested as "
+            "the noise ratio its fit predicts, fixed on one model and applied to the others.",
+            SUPERIORITY,
+            "a run fails when it is worse than fp32 of its model beyond the accuracy margin",
+        ),
+    },
+)
+
+
+register(
+    id="F2",
+    slug="late_switch",
+    stage="failure",
+    title="Switching the backward pass to fp32 late, or where the guard says, against one format throughout",
+    params=LateSwitch,
+    claims={
+        "F2": (
+            FP4_ALL_THE_WAY,
+            "Switching the backward pass to high precision late in training closes the gap to full "
+            "precision (section 5, quantization-aware finetuning).",
+            NON_INFERIORITY,
+            ACCURACY_MARGIN,
+        ),
+        "F3": (
+            NVIDIA_NVFP4,
+            "Switching only the backward pass to high precision late in training recovers nothing of the "
+            "gap (appendix D, in contrast to FP4 All the Way).",
+            EQUIVALENCE,
+            ACCURACY_MARGIN,
+        ),
+    },
 )

@@ -13,7 +13,6 @@ from gradcomp.experiments.base import (
     EXACT,
     LOGNORMAL,
     NON_INFERIORITY,
-    SUPERIORITY,
     CompareWithinModels,
     Params,
     register,
@@ -153,13 +152,4 @@ register(
     stage="fp",
     title="Where low-precision FP gradients fail, and the fix",
     params=FailurePairs,
-    claims={
-        "L7": (
-            LOGNORMAL,
-            "The lognormal model explains the workloads where low-precision FP gradients fail: too few "
-            "exponent bits for sigma, or one scale for layers with different mu (v1 abstract).",
-            SUPERIORITY,
-            "a run fails when it is worse than fp32 of its model beyond the accuracy margin",
-        )
-    },
 )

@@ -1,13 +1,15 @@
-"""F0: predicted against measured noise ratios, drawn from the record."""
+"""F0-F2: noise ratios predicted against measured; time below sqrt(3) against accuracy lost; the late
+switch. Drawn from the records."""
 
 from __future__ import annotations
 
 import math
 
+import numpy as np
 from matplotlib.figure import Figure
 
 from gradcomp.analysis.tables import Record
-from gradcomp.plots.style import subplots
+from gradcomp.plots.style import errorbars, subplots
 
 
 def noise_ratios(record: Record) -> Figure:
@@ -54,3 +56,52 @@ def _finite(value) -> bool:
 def _limits(ax) -> tuple[float, float]:
     (x0, x1), (y0, y1) = ax.get_xlim(), ax.get_ylim()
     return max(min(x0, y0), 1e-3), max(x1, y1)
+
+
+def stalls(record: Record) -> Figure:
+    rows, runs, history = record.rows(), record.rows("runs"), record.rows("history")
+    threshold = record.facts["threshold"]
+    figure, axes = subplots(ncols=2, width=4.6, height=3.8)
+    ax = axes[0][0]
+    model_of = {row["label"]: row["model"] for row in runs}
+    models = list(dict.fromkeys(model_of.values()))
+    for index, model in enumerate(models):
+        mine = [row for row in rows if model_of[row["run"]] == model]
+        errorbars(ax, mine, "gap_pt", "measured_below", fmt="o", color=f"C{index}", label=model, markersize=4)
+    ax.axhline(0, color="grey", linewidth=0.6)
+    ax.set(
+        xlabel=f"share of noise steps with measured R < {threshold:.3g}", ylabel="accuracy gap to fp32 (pt)"
+    )
+    ax.set_title("(a) time below the threshold against accuracy lost", fontsize=9)
+    ax.legend(fontsize=7)
+    ax = axes[0][1]
+    measured = [row for row in history if row["kind"] == "measured" and _finite(row["ratio"])]
+    for index, model in enumerate(models):
+        for run in dict.fromkeys(row["run"] for row in measured if row["model"] == model):
+            points: dict[int, list[float]] = {}
+            for row in measured:
+                if row["run"] == run:
+                    points.setdefault(row["step"], []).append(row["ratio"])
+            steps = sorted(points)
+            means = [float(np.exp(np.mean(np.log(points[s])))) for s in steps]  # geometric mean over seeds
+            ax.plot(steps, means, color=f"C{index}", linewidth=0.8, alpha=0.7)
+    ax.axhline(threshold, color="k", linestyle=":", linewidth=1)
+    ax.set(yscale="log", xlabel="step", ylabel="model-wide measured R")
+    ax.set_title("(b) R over training, every run (geometric mean over seeds)", fontsize=9)
+    return figure
+
+
+def late_switch(record: Record) -> Figure:
+    rows = record.rows()
+    figure, axes = subplots(ncols=1, width=5.2, height=3.6)
+    ax = axes[0][0]
+    positions = np.arange(len(rows))
+    errorbars(ax, rows, "accuracy", positions, fmt="o", color="C0")
+    labels = [
+        row["label"] + ("" if row["average_bits"] is None else f"\n{row['average_bits']:.1f} bits")
+        for row in rows
+    ]
+    ax.set_xticks(positions, labels, fontsize=7)
+    ax.set(ylabel="final test accuracy")
+    ax.set_title("fp32, one format throughout, with the guard, switched late", fontsize=9)
+    return figure
