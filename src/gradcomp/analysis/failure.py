@@ -82,7 +82,7 @@ def _measure(settings: NoiseRatios, groups: list[RunGroup]) -> tuple[PerSeed, li
                     for kind in PREDICTIONS
                     if ratios[kind] is not None and 0 < measured < math.inf
                 }
-                key = {"model": group.model, "policy": label}
+                key = {"model": group.config["model"], "policy": label}
                 per_seed.add(seed, key, **{f"{k}_ratio": v for k, v in ratios.items()}, **logs)
                 layers.extend({**key, "seed": seed, **row} for row in rows)
     return per_seed, layers
@@ -223,7 +223,7 @@ def _run_rows(settings: Stalls, models: WithinModels) -> list[dict]:
                     f"experiments.F1: run {arm.name!r} logged no measured noise ratio (set noise_every and "
                     "measure_noise on it)"
                 )
-            row = {"run": arm.name, "model": arm.model, "label": models.label(arm), "seed": seed}
+            row = {"run": arm.name, "model": arm.config["model"], "label": models.label(arm), "seed": seed}
             for kind, points in history.items():
                 below = [step for step, ratio in points if ratio < settings.threshold]
                 row[f"{kind}_below"] = len(below) / len(points) if points else None
@@ -365,7 +365,7 @@ def _history_rows(models: WithinModels) -> list[dict]:
                 rows += [
                     {
                         "run": group.name,
-                        "model": group.model,
+                        "model": group.config["model"],
                         "seed": seed,
                         "kind": kind,
                         "step": s,
