@@ -36,6 +36,7 @@ from gradcomp.analysis.verdicts import (
     Pair,
     compare,
     one_sample,
+    prediction_pair,
     summarise,
 )
 from gradcomp.block_format import BlockFormat
@@ -216,15 +217,11 @@ def _c2_pairs(settings: BlockTheory, model: str, errors: PerSeed, arms: dict[str
     pairs = []
     for row in errors.rows():
         pairs.append(
-            one_sample(
+            prediction_pair(
                 f"{model} {row['arm']} measured/predicted MSE",
                 errors.values({"arm": row["arm"]}, "ln_ratio"),
-                0.0,
                 "theory",
-                margin=settings.theory_margin,
-                higher_is_better=None,
-                unit="ln",
-                bounds=LINEAR,
+                settings.theory_margin,
                 family=THEORY,
                 role=model,
                 arm=row["arm"],

@@ -29,7 +29,15 @@ from gradcomp.analysis.runs import Run, RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import EQUIVALENT, Pair, by_arm, compare, one_sample, summarise
+from gradcomp.analysis.verdicts import (
+    EQUIVALENT,
+    Pair,
+    by_arm,
+    compare,
+    one_sample,
+    prediction_pair,
+    summarise,
+)
 from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import LateSwitch, NoiseRatios, Stalls
@@ -90,15 +98,11 @@ def _measure(settings: NoiseRatios, groups: list[RunGroup]) -> tuple[PerSeed, li
 
 def _pairs(settings: NoiseRatios, per_seed: PerSeed) -> list:
     return [
-        one_sample(
+        prediction_pair(
             f"{row['model']} {row['policy']}: {kind} R / measured R",
             per_seed.values(row, f"ln_{kind}"),
-            0.0,
             "measured",
-            margin=settings.margin,
-            higher_is_better=None,
-            unit="ln",
-            bounds=LINEAR,
+            settings.margin,
             role=kind,
             arm=f"{row['model']} {row['policy']}",
         )

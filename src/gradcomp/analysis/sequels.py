@@ -31,7 +31,15 @@ from gradcomp.analysis.runs import RunGroup, training_context
 from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
-from gradcomp.analysis.verdicts import Comparison, Pair, compare, having, one_sample, summarise
+from gradcomp.analysis.verdicts import (
+    Comparison,
+    Pair,
+    compare,
+    having,
+    one_sample,
+    prediction_pair,
+    summarise,
+)
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
@@ -121,15 +129,11 @@ def _variances(settings: Successors, models: WithinModels) -> PerSeed:
 def _theory_pairs(settings: Successors, models: WithinModels, variance: PerSeed) -> list[Pair]:
     """ln(measured / predicted) of every arm the theory covers, against 0."""
     return [
-        one_sample(
+        prediction_pair(
             f"{models.label(arm)} measured/predicted",
             variance.values({"run": arm.name}, "ln_ratio"),
-            0.0,
             "theory",
-            margin=settings.theory_margin,
-            higher_is_better=None,
-            unit="ln",
-            bounds=LINEAR,
+            settings.theory_margin,
             scale=arm.scale,
             role=THEORY,
             arm=arm.name,

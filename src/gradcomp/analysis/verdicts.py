@@ -604,3 +604,11 @@ def one_sample(
     given)."""
     defaults = {"factor": 1.0, "bounds": LINEAR, "unit": ""}
     return Pair(name, reference or number(target), values, target, **{**defaults, **pair})
+
+
+def prediction_pair(name: str, ln_ratios: Mapping[int, float], reference: str, margin: float, **pair) -> Pair:
+    """A measurement against its prediction as the ln of their ratio per seed, against 0: the prediction
+    holds where the ratio is equivalent to 1 within exp(+-margin)."""
+    return one_sample(
+        name, ln_ratios, 0.0, reference, margin=margin, higher_is_better=None, unit="ln", **pair
+    )
