@@ -18,7 +18,12 @@ from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.formats import parse_format
 from gradcomp.ops.block import block_errors
 from gradcomp.profiling import count_work
-from gradcomp.theory.block import block_statistics, per_tensor_statistics
+from gradcomp.theory.block import (
+    BlockLevels,
+    block_statistics,
+    correlated_block_statistics,
+    per_tensor_statistics,
+)
 
 ELEMENTS = ["e4m3fn", "float8_e5m2", "e3m2fn", "e2m3fn", "e2m1fn"]
 NVFP4 = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}
@@ -374,3 +379,28 @@ def test_c2s_per_layer_comparator_is_checked_against_half_and_twice_its_scale(pr
     (_, _, mse), _, checked = _per_layer(g, PRESETS["mxfp4"], mu2, sigma2)
     assert checked == 0.0
     assert any(_relative_mse(g, element, s)[1] < mse / 1.01 for s in (6.0, 8.0))  # the rule's is 2^7
+
+
+@pytest.mark.parametrize("name", ["mxfp4", "nvfp4"])
+@pytest.mark.parametrize(("between", "within"), [(2.0, 1.0), (1.0, 2.0), (3.0, 0.5)])
+@pytest.mark.parametrize("hadamard", [0, 16])
+def test_the_correlated_block_model_predicts_blocks_with_levels_of_their_own(name, between, within, hadamard):
+    """Magnitudes drawn as log2|g| = b + w, a level b per block (std `between`) and a spread w within it: the
+    analysis of variance recovers both within 0.1, and the correlated model predicts the flushed share
+    within 0.03 and the relative MSE within a factor of 1.6 (nearest rounding, 4,096 blocks), where the
+    iid model of the same sigma2 misses the flushed share by up to 0.7 without the transform."""
+    fmt = parse_policy(name).format
+    generator = torch.Generator().manual_seed(0)
+    shape = (4096, fmt.block_size)
+    level = torch.randn(shape[0], 1, generator=generator, dtype=torch.float64) * between - 10
+    log2 = level + torch.randn(shape, generator=generator, dtype=torch.float64) * within
+    sign = torch.randint(0, 2, shape, generator=generator) * 2 - 1
+    x = (2.0**log2 * sign).float().reshape(-1)
+    levels = BlockLevels.of(x.reshape(shape))
+    assert levels.between == pytest.approx(between, abs=0.1) and levels.within == pytest.approx(
+        within, abs=0.1
+    )
+    flushed, _, mse = block_errors(x, fmt, "nearest", hadamard)
+    predicted = correlated_block_statistics(fmt, levels, "nearest", bool(hadamard), x.numel())
+    assert predicted.flushed == pytest.approx(flushed, abs=0.03)
+    assert 1 / 1.6 < predicted.relative_mse / mse < 1.6

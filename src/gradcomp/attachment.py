@@ -279,7 +279,7 @@ class Attachment:
         )
         out = compress(policy, copy, layer.stats)
         if self._noise_step and (weight_path or not policy.two_streams):
-            self.noise.observe(layer.index, policy, g, out, layer.stats.scale, weight_path)
+            self.noise.observe(layer.index, policy, copy, out, layer.stats)
         if count:
             layer.fitted = layer.fitted or layer.refresh
             layer.refresh = False

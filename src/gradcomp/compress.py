@@ -462,10 +462,20 @@ def _block(policy: Block, copy: GradientCopy, stats: LayerStats) -> Tensor:
         backend=copy.backend,
         count_zeros_into=copy.zeros,
     )
+    laid_out, axis = block_layout(g, copy.weight_path, copy.feature_axis)
+    out = quantize(laid_out, axis=axis)
+    if g.dim() < 2 or not copy.weight_path:
+        return out
+    return out.view(g.movedim(copy.feature_axis, 0).shape).movedim(0, copy.feature_axis)
+
+
+def block_layout(g: Tensor, weight_path: bool, feature_axis: int) -> tuple[Tensor, int]:
+    """The tensor a block policy quantizes for one copy and the axis its blocks run along: the output
+    features for the input-gradient copy, the other axes (flattened, one row per feature) for the
+    weight-gradient copy; a 1-D gradient along itself."""
     if g.dim() < 2:
-        return quantize(g)
-    if not copy.weight_path:
-        return quantize(g, axis=copy.feature_axis)
-    features = g.movedim(copy.feature_axis, 0)
-    out = quantize(features.reshape(features.shape[0], -1))
-    return out.view(features.shape).movedim(0, copy.feature_axis)
+        return g, -1
+    if not weight_path:
+        return g, feature_axis
+    features = g.movedim(feature_axis, 0)
+    return features.reshape(features.shape[0], -1), -1

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor, nn
 
+from gradcomp.compress import GradientCopy, LayerStats
 from gradcomp.config import CompressionConfig
 from gradcomp.policies import Policy
 from gradcomp.theory.noise import (
@@ -92,16 +93,17 @@ class NoiseMonitor:
         ]
         return [handle.remove for handle in handles]
 
-    def observe(self, index: int, policy: Policy, g: Tensor, out: Tensor, scale, weight_path: bool) -> None:
-        """In backward, the copy of layer `index`'s neural gradient that feeds its weight-gradient GEMM,
-        before (g) and after (out) compression."""
+    def observe(self, index: int, policy: Policy, copy: GradientCopy, out: Tensor, stats: LayerStats) -> None:
+        """In backward, the copy of layer `index`'s neural gradient that feeds its weight-gradient GEMM
+        (`copy`), its compressed value `out`, and the layer's statistics."""
         layer = self.layers.get(index)
         if layer is None or layer.energy is None:
             return
         rows, groups = layer.shape
         energy = float(layer.energy)
+        g = copy.g
         errors = {
-            "theory": neural_error(policy, g, scale, weight_path),
+            "theory": neural_error(policy, g, stats.scale, copy.weight_path, copy.feature_axis),
             "carried": float((out.double() - g.double()).square().sum()),
         }
         layer.predicted = {

@@ -29,9 +29,11 @@ from gradcomp.analysis.seeds import LINEAR, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
+    BETTER,
     EQUIVALENT,
     FAMILIES,
     INCONCLUSIVE,
+    WORSE,
     Comparison,
     Pair,
     compare,
@@ -45,9 +47,15 @@ from gradcomp.config import CompressionConfig
 from gradcomp.experiments import BlockTheory, CompareWithinModels
 from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.ops import log_moments, quantize_fp
+from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.block import block_errors
 from gradcomp.policies import Block, FloatingPoint, parse_policy
-from gradcomp.theory.block import block_statistics, per_tensor_statistics
+from gradcomp.theory.block import (
+    BlockLevels,
+    block_statistics,
+    correlated_block_statistics,
+    per_tensor_statistics,
+)
 
 _LN2 = math.log(2.0)
 PER_LAYER = "per layer"
@@ -55,6 +63,7 @@ QUANTITIES = ("flushed", "clipped", "mse")
 # C2's two questions, each its own Holm family
 THEORY = "theory against measurement"
 VERSUS = "block formats against one scale per layer"
+CORRELATED = "the correlated block model against the iid one"
 
 
 # --- C1 -----------------------------------------------------------------------------------------------------
@@ -98,6 +107,21 @@ def _predicted(fmt: BlockFormat, mu2: float, sigma2: float, hadamard: bool, nume
     """The theory for a layer (mu2, sigma2 and numel as they are passed: rounded by the caller, so that
     layers share results)."""
     return block_statistics(fmt, sigma2, "nearest", hadamard, numel, nodes=1024, mu2=mu2)
+
+
+@functools.lru_cache(maxsize=8192)
+def _correlated(fmt: BlockFormat, levels: BlockLevels, hadamard: bool, numel: int):
+    """The correlated model's theory for a layer (levels rounded by the caller)."""
+    return correlated_block_statistics(fmt, levels, "nearest", hadamard, numel)
+
+
+def _levels(g: torch.Tensor, fmt: BlockFormat, axis: int) -> BlockLevels | None:
+    """The layer's block levels in the format's blocks, rounded as `_rounded` rounds the iid fit."""
+    levels = BlockLevels.of(as_blocks(g.detach(), fmt.block_size, axis)[0])
+    if levels is None:
+        return None
+    rounded = lambda value: round(value * 20) / 20  # noqa: E731
+    return BlockLevels(rounded(levels.mu2 % 1.0), rounded(levels.between), rounded(levels.within))
 
 
 def _rounded(mu2: float, sigma2: float) -> tuple[float, float]:
@@ -158,9 +182,16 @@ def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block
                 energy = float(g.double().square().sum())
                 for name, policy in arms.items():
                     fmt, hadamard = policy.format, policy.hadamard
-                    measured = block_errors(g, fmt, "nearest", hadamard, axis=axis if g.dim() > 1 else -1)
+                    block_axis = axis if g.dim() > 1 else -1
+                    measured = block_errors(g, fmt, "nearest", hadamard, axis=block_axis)
                     predicted = _predicted(fmt, *_rounded(mu2, sigma2), bool(hadamard), g.numel())
                     _accumulate(totals[name], measured, predicted, nonzero, g.numel(), energy)
+                    levels = _levels(g, fmt, block_axis)
+                    correlated = (
+                        predicted if levels is None else _correlated(fmt, levels, bool(hadamard), g.numel())
+                    )
+                    totals[name]["correlated_flushed"] += correlated.flushed * nonzero
+                    totals[name]["correlated_error"] += correlated.relative_mse * energy
                 for element in dict.fromkeys(policy.format.element for policy in arms.values()):
                     fmt = next(p.format for p in arms.values() if p.format.element == element)
                     measured, predicted, checked = _per_layer(g, fmt, mu2, sigma2)
@@ -179,6 +210,12 @@ def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block
             }
             usable = values["mse"] > 0 and values["predicted_mse"] > 0
             values["ln_ratio"] = math.log(values["mse"] / values["predicted_mse"]) if usable else None
+            if total["correlated_error"] > 0 and values["mse"] > 0:
+                values["correlated_flushed"] = total["correlated_flushed"] / total["nonzero"]
+                values["correlated_mse"] = total["correlated_error"] / total["energy"]
+                values["correlated_ln_ratio"] = math.log(values["mse"] / values["correlated_mse"])
+                if values["ln_ratio"] is not None:  # how much closer the correlated model comes
+                    values["closer"] = abs(values["ln_ratio"]) - abs(values["correlated_ln_ratio"])
             if total["layers"]:
                 values["scale_best"] = total["scale_best"] / total["layers"]
             per_seed.add(seed, {"arm": name}, **values)
@@ -227,6 +264,21 @@ def _c2_pairs(settings: BlockTheory, model: str, errors: PerSeed, arms: dict[str
                 arm=row["arm"],
             )
         )
+    for label in arms:
+        closer = errors.values({"arm": label}, "closer")
+        if closer:  # the correlated model's |ln measured/predicted| below the iid one's
+            pairs.append(
+                one_sample(
+                    f"{model} {label}: |ln measured/predicted| iid less correlated",
+                    closer,
+                    0.0,
+                    "no closer",
+                    unit="ln",
+                    family=CORRELATED,
+                    role=model,
+                    arm=label,
+                )
+            )
     for label, policy in arms.items():
         reference = {"arm": f"{policy.format.element_format.name} {PER_LAYER}"}
         mse = errors.values({"arm": label}, "mse")
@@ -248,6 +300,18 @@ def _c2_pairs(settings: BlockTheory, model: str, errors: PerSeed, arms: dict[str
                 )
             )
     return pairs
+
+
+def _correlated_finding(correlated: list[Comparison]) -> str:
+    """Whether the correlated block model comes closer to the measured MSE than the iid one."""
+    closer = [c for c in correlated if c.verdict == BETTER]
+    farther = [c for c in correlated if c.verdict == WORSE]
+    return (
+        f"The correlated block model (a level per block and a spread within it) against the iid one (its "
+        f"own family): closer to the measured MSE for {len(closer)} of {len(correlated)} (family, format) "
+        f"pairs, farther for {len(farther)} ({', '.join(f'{c.role} {c.arm}' for c in farther) or 'none'}), "
+        f"undecided for the rest; {summarise(correlated)}."
+    )
 
 
 def _theory_finding(theory: list[Comparison], arms: dict[str, Block], margin: float) -> str:
@@ -292,9 +356,13 @@ def _c2_caption(settings: BlockTheory, groups: list[RunGroup], arms: dict[str, B
         of each block format's measured MSE over that of one scale per layer with its element format (below
         0: blocks win), with the theory's prediction (x). Formats: {", ".join(arms)}; nearest rounding,
         blocks along the output features. Models: {", ".join(f"{g.name} ({g.model})" for g in groups)},
-        {settings.batches} test batch(es) in eval mode, {seeds}. Comparisons: measured against predicted (ln
-        ratio, equivalence within ±{settings.theory_margin:g}) and blocks against one scale per layer, each
-        over seeds, each question its own Holm family."""
+        {settings.batches} test batch(es) in eval mode, {seeds}. The tables also give the correlated block
+        model's prediction (a level per block and a spread within it, log2|g| = b + w, fitted by the analysis
+        of variance of each layer's blocks; `gradcomp.theory.block.BlockLevels`). Comparisons: measured
+        against predicted (ln ratio, equivalence within ±{settings.theory_margin:g}), blocks against one
+        scale per layer, and how much closer the correlated model comes than the iid one (|ln measured /
+        predicted| of the iid less that of the correlated, above 0: closer), each over seeds, each question
+        its own Holm family."""
 
 
 def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
@@ -318,6 +386,7 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
     comparisons = compare(pairs)
     theory = [c for c in comparisons if c.family == THEORY]
     versus = [c for c in comparisons if c.family == VERSUS]
+    correlated = [c for c in comparisons if c.family == CORRELATED]
     agree = sum(
         1 for c in versus if (predicted_wins.get((c.role, c.arm), math.nan) < 0) == (c.difference < 0)
     )
@@ -326,6 +395,7 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
         _theory_finding(theory, arms, settings.theory_margin),
         f"Theory against measurement (MSE; its own family): {summarise(theory)}.",
         f"Block formats against one scale per layer (its own family): {summarise(versus)}.",
+        _correlated_finding(correlated),
         f"The theory predicts the sign of the block/per-layer MSE difference in {agree} of {len(versus)} "
         "cases.",
         "The per-layer comparator takes A6's per_layer_optimal scale (A4's MSE-optimal scale for each "

@@ -21,7 +21,8 @@ class BlockTheory(AcrossModels):
     with and without the Hadamard transform of `hadamard` elements, and with one scale per layer (the element
     format at the least predicted MSE): measured flushed and clipped shares and relative MSE next to
     `gradcomp.theory.block`'s; the theory agrees where the ln of the measured over the predicted MSE is within
-    `theory_margin`."""
+    `theory_margin`. The correlated block model (a level per block, a spread within it) is compared with the
+    iid one by how much closer its prediction comes."""
 
     formats: tuple[str, ...] = ("mxfp8", "mxfp6", "mxfp4", "nvfp4")
     hadamard: int = 16

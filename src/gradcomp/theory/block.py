@@ -174,18 +174,23 @@ def block_statistics(
     numel: int = 1 << 20,
     nodes: int = 4096,
     mu2: float = 0.0,
+    tensor_largest: float | None = None,
 ) -> ErrorShares:
     """The expected flushed and clipped shares and relative MSE of `fmt` on iid lognormal magnitudes with
-    log2 mean mu2 and std sigma2 (see the module); numel: the tensor's size (NVFP4's per-tensor scale).
+    log2 mean mu2 and std sigma2 (see the module); numel: the tensor's size (NVFP4's per-tensor scale, from
+    the median largest of numel draws unless `tensor_largest` gives the tensor's largest magnitude).
     Power-of-two scales make the result periodic in mu2 with period 1 (up to the scale formats' range): the
     fractional part matters where the block maxima span less than a binade (small sigma2, and the Gaussian
     model of the transform, whose second moment is the lognormal's)."""
     lognormal = _Lognormal(mu2, sigma2)
     distribution = _HalfNormal(lognormal.second_moment()) if hadamard else lognormal
     size = fmt.block_size
-    tensor_largest = float(distribution.quantile(np.array([0.5 ** (1.0 / numel)]))[0])
     u = (np.arange(nodes) + 0.5) / nodes
     largest = distribution.quantile(u ** (1.0 / size))
+    if tensor_largest is None:
+        tensor_largest = float(distribution.quantile(np.array([0.5 ** (1.0 / numel)]))[0])
+    else:  # a block of a level near the tensor's largest value cannot exceed it
+        largest = np.minimum(largest, tensor_largest)
     scale = _block_scale(fmt, largest, tensor_largest)
     points = np.concatenate([[0.0], fmt.element_format.positive_values().numpy()])
     stochastic = rounding == "stochastic"
@@ -201,6 +206,104 @@ def block_statistics(
         clipped=mean(others * clipped + own_clipped),
         relative_mse=mean(others * error + own_error) / distribution.second_moment(),
     )
+
+
+@dataclass(frozen=True)
+class BlockLevels:
+    """The correlated model of a tensor's blocks: log2|g| = b + w over its non-zeros, a level b ~ N(mu2,
+    between^2) of each block (the magnitudes of one position's channels, or of one channel's positions, move
+    together) and a spread w ~ N(0, within^2) inside it; between^2 + within^2 is the iid model's sigma2^2.
+    Fitted by the one-way analysis of variance of the blocks' log2 moments (one reduction per block)."""
+
+    mu2: float
+    between: float
+    within: float
+
+    @classmethod
+    def of(cls, blocks) -> BlockLevels | None:
+        """From a (blocks, B) tensor (`gradcomp.ops._blocks.as_blocks`); None without two non-zeros in one
+        block and two blocks holding non-zeros."""
+        import torch
+
+        x = blocks.detach().double().abs()
+        present = (x > 0) & torch.isfinite(x)
+        logs = torch.where(present, torch.log2(torch.where(present, x, 1.0)), 0.0)
+        n, s1, s2 = present.sum(1).double(), logs.sum(1), logs.square().sum(1)
+        used = n > 0
+        n, s1, s2 = n[used], s1[used], s2[used]
+        total, groups = float(n.sum()), int(used.sum())
+        if groups < 2 or total - groups < 1:
+            return None
+        within = float((s2 - s1.square() / n).sum()) / (total - groups)
+        grand = float(s1.sum()) / total
+        spread = float((n * (s1 / n - grand) ** 2).sum()) / (groups - 1)
+        size = (total - float(n.square().sum()) / total) / (groups - 1)  # the ANOVA's mean group size
+        between = max((spread - within) / size, 0.0)
+        return cls(grand, math.sqrt(between), math.sqrt(max(within, 0.0)))
+
+
+def correlated_block_statistics(
+    fmt: BlockFormat,
+    levels: BlockLevels,
+    rounding: str = "nearest",
+    hadamard: bool = False,
+    numel: int = 1 << 20,
+    levels_nodes: int = 8,
+    nodes: int = 128,
+) -> ErrorShares:
+    """`block_statistics` under the correlated model: the iid theory of each block at its own level b with
+    the within-block spread, averaged over b (the midpoints of `levels_nodes` quantiles; the MSE weighted
+    by each level's second moment, an exact tilt of the level's normal). The tensor's largest value (NVFP4's
+    per-tensor scale) is the median largest of `numel` draws of the model, and no level lies above the one
+    whose blocks' median largest value reaches it."""
+    within = max(levels.within, 0.05)
+    tensor_largest = _largest_of_levels(levels, within, hadamard, numel)
+    # the highest level a block can have: its median largest value at the tensor's largest
+    if hadamard:
+        top = math.log2(tensor_largest / (math.sqrt(2) * special.erfinv(0.5 ** (1 / fmt.block_size))))
+        top -= within**2 * _LN2
+    else:
+        top = math.log2(tensor_largest) - within * special.ndtri(0.5 ** (1 / fmt.block_size))
+    u = (np.arange(levels_nodes) + 0.5) / levels_nodes
+
+    def average(shift: float) -> np.ndarray:
+        """Over the levels b ~ N(mu2 + shift, between^2) truncated above at `top` (midpoints of its
+        quantiles): (flushed, clipped, relative MSE)."""
+        mean = levels.mu2 + shift
+        if levels.between == 0:
+            chosen = np.array([min(mean, top)])
+        else:
+            chosen = mean + levels.between * special.ndtri(u * special.ndtr((top - mean) / levels.between))
+        values = [
+            block_statistics(fmt, within, rounding, hadamard, numel, nodes, level, tensor_largest)
+            for level in chosen
+        ]
+        return np.array([[v.flushed, v.clipped, v.relative_mse] for v in values]).mean(0)
+
+    flushed, clipped, _ = average(0.0)
+    # the MSE is energy-weighted: a level's weight times 2^(2b) tilts N(mu2, between^2) by 2 ln2 between^2
+    _, _, mse = average(2 * _LN2 * levels.between**2)
+    return ErrorShares(float(flushed), float(clipped), float(mse))
+
+
+def _largest_of_levels(levels: BlockLevels, within: float, hadamard: bool, numel: int) -> float:
+    """The median largest of `numel` magnitudes under the correlated model: its marginal is a lognormal of
+    log2 std sqrt(between^2 + within^2); after the transform, a mixture over the levels of half-normals of
+    each level's second moment (solved by bisection on log t)."""
+    if not hadamard:
+        marginal = _Lognormal(levels.mu2, math.hypot(levels.between, within))
+        return float(marginal.quantile(np.array([0.5 ** (1.0 / numel)]))[0])
+    points, weights = np.polynomial.hermite_e.hermegauss(32)
+    weights = weights / weights.sum()
+    # each level's half-normal scale: sqrt of the second moment of log2|g| ~ N(b, within^2)
+    log2_tau = levels.mu2 + levels.between * points + within**2 * _LN2
+    target = 0.5 ** (1.0 / numel)
+    low, high = -200.0, 200.0  # log2 t
+    for _ in range(60):
+        middle = (low + high) / 2
+        below = weights @ special.erf(2.0 ** (middle - log2_tau) / math.sqrt(2))
+        low, high = (middle, high) if below < target else (low, middle)
+    return 2.0 ** ((low + high) / 2)
 
 
 def per_tensor_statistics(

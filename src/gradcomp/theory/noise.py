@@ -37,10 +37,12 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
+from gradcomp.compress import block_layout
 from gradcomp.lognormal import fit_lognormal_float
+from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.stats import log_moments
 from gradcomp.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
-from gradcomp.theory.block import block_statistics, per_tensor_statistics
+from gradcomp.theory.block import BlockLevels, correlated_block_statistics, per_tensor_statistics
 from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance
 
 CRITICAL_RATIO = math.sqrt(3.0)  # FP4 All the Way, section 4: training stalls below it
@@ -89,10 +91,18 @@ class GradientFit:
         return math.exp(2 * self.mu + 2 * self.sigma**2) * self.nonzero
 
 
-def neural_error(policy: Policy, g: Tensor, scale: Tensor | float | None = None, weight_path: bool = True):
+def neural_error(
+    policy: Policy,
+    g: Tensor,
+    scale: Tensor | float | None = None,
+    weight_path: bool = True,
+    feature_axis: int = -1,
+) -> float | None:
     """Predicted E||Q(g) - g||^2 of `policy` on the layer gradient `g` (the copy of the weight-gradient GEMM
-    where the policy has two); `scale`: the FP policy's scale (the layer's statistics). None where the
-    policy has no prediction (heterogeneous or non-lognormal pruning, BHQ, chains)."""
+    where the policy has two, its output features along `feature_axis`); `scale`: the FP policy's scale
+    (the layer's statistics). None where the policy has no prediction (heterogeneous or non-lognormal
+    pruning, BHQ, chains). Block formats take the correlated block model (`gradcomp.theory.block`), whose
+    levels are fitted on the copy's own blocks."""
     if isinstance(policy, NoCompression):
         return 0.0
     if isinstance(policy, Integer):
@@ -100,6 +110,8 @@ def neural_error(policy: Policy, g: Tensor, scale: Tensor | float | None = None,
     fit = GradientFit.of(g)
     if fit is None:
         return 0.0
+    if isinstance(policy, Block):
+        return _block_error(policy, g, weight_path, feature_axis, fit)
     relative = _relative_error(policy, fit, scale)
     return None if relative is None else relative * fit.fitted_energy
 
@@ -123,25 +135,32 @@ def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | No
         largest = fit.largest / math.exp(fit.mu)
         shares = per_tensor_statistics(policy.fmt, sigma2, log2_scale, policy.rounding, largest, fit.nonzero)
         return shares.relative_mse * fit.energy_given_largest / fit.fitted_energy
-    if isinstance(policy, Block):
-        # power-of-two scales make it periodic in mu2 (period 1)
-        mu2, sigma2 = round(mu2 % 1.0 * 20) / 20, round(sigma2 * 20) / 20
-        return _block_error(policy.format, policy.rounding, bool(policy.hadamard), fit.numel, mu2, sigma2)
     return None
 
 
-# Quadrature (N:M) and integrals over the block maximum (blocks) take milliseconds to tens of milliseconds;
-# a layer's fit changes little between noise steps, so they are taken at rounded parameters and kept.
+def _block_error(policy: Block, g: Tensor, weight_path: bool, feature_axis: int, fit: GradientFit) -> float:
+    """The correlated block model's error on the copy's blocks, times their energy (block scaling is
+    scale-free: the relative error is that of the measured energy, not the fitted lognormal's)."""
+    laid_out, axis = block_layout(g.detach(), weight_path, feature_axis)
+    levels = BlockLevels.of(as_blocks(laid_out, policy.format.block_size, axis)[0])
+    if levels is None:
+        return 0.0
+    rounded = BlockLevels(*(round(v * 20) / 20 for v in (levels.mu2 % 1.0, levels.between, levels.within)))
+    relative = _correlated(policy.format, policy.rounding, bool(policy.hadamard), fit.numel, rounded)
+    return relative * fit.energy
+
+
+# Quadrature (N:M) and integrals over block levels and maxima (blocks) take milliseconds to tens of
+# milliseconds; a layer's fit changes little between noise steps, so they are taken at rounded parameters
+# (power-of-two block scales make them periodic in the log2 mean) and kept.
 @functools.lru_cache(maxsize=4096)
 def _nm_variance(sigma: float, n: int, m: int, zero_share: float) -> float:
     return nm_variance(max(sigma, 1e-3), n, m, zero_share=zero_share)
 
 
 @functools.lru_cache(maxsize=4096)
-def _block_error(fmt, rounding: str, hadamard: bool, numel: int, mu2: float, sigma2: float) -> float:
-    return block_statistics(
-        fmt, max(sigma2, 0.05), rounding, hadamard, numel, nodes=512, mu2=mu2
-    ).relative_mse
+def _correlated(fmt, rounding: str, hadamard: bool, numel: int, levels: BlockLevels) -> float:
+    return correlated_block_statistics(fmt, levels, rounding, hadamard, numel).relative_mse
 
 
 def _integer_error(policy: Integer, g: Tensor, weight_path: bool) -> float | None:
