@@ -60,7 +60,7 @@ from gradcomp.theory.block import (
 _LN2 = math.log(2.0)
 PER_LAYER = "per layer"
 QUANTITIES = ("flushed", "clipped", "mse")
-# C2's two questions, each its own Holm family
+# C2's three questions, each its own Holm family
 THEORY = "theory against measurement"
 VERSUS = "block formats against one scale per layer"
 CORRELATED = "the correlated block model against the iid one"
