@@ -28,9 +28,10 @@ seen and the seeds that would decide it (for the nearer route, at {ALPHA} over t
 with the paired sd pooled over comparable arms and given as a range; never at or below the seeds used). The
 experiments' other comparisons are secondary (exploratory): each is its own family, so that a pair of runs
 has one verdict wherever it is printed, decided by the same rule (C2's three questions are a family
-each). Each claim carries the probability that an independent replicate at its seeds reaches the same status (were the
-observed differences the truth): below 80 % it is *knife-edge*; where another configuration trains the
-deciding arms on other seeds or for longer (config/converged.yaml), its verdicts are cited beside it. Tables
+each). Each claim carries the probability that an independent replicate at its seeds reaches the same
+status (were the observed differences the truth): below 80 % it is *knife-edge*; where another configuration
+trains the deciding arms on other seeds or for longer (config/converged.yaml), its verdicts are cited beside
+it. Tables
 also give the sign consistency over seeds and the difference the seeds could detect with {100 * POWER:.0f} %
 power."""
 
