@@ -258,3 +258,17 @@ def test_switch_step_switches_every_layer_from_that_step():
     again.load_state_dict(state)
     assert again.switch_report() == report
     assert all(layer.policy == parse_policy("none") for layer in again.layers)
+
+
+def test_the_noise_ratio_reads_a_parametrized_weight_through_its_original():
+    """Under QAT's forward quantizer (a parametrization) the weight is computed; its gradient accumulates
+    into the original parameter, where the compressed signal is read."""
+    from gradcomp.qat import quantize_forward
+
+    model = _net()
+    quantize_forward(model, 8)
+    config = CompressionConfig("int:bits=4", noise_every=1, measure_noise=True)
+    handle = attach(model, config)
+    _step(model)
+    rows = handle.noise_ratios()
+    assert rows and all(row["compressed_signal"] > 0 and row["measured_ratio"] > 0 for row in rows)

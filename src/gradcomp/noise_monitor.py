@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 
 import torch
 from torch import Tensor, nn
+from torch.nn.utils import parametrize
 
 from gradcomp.compress import GradientCopy, LayerStats
 from gradcomp.config import CompressionConfig
@@ -89,7 +90,7 @@ class NoiseMonitor:
 
         handles = [
             module.register_forward_hook(forward),
-            module.weight.register_post_accumulate_grad_hook(accumulated),
+            _weight_leaf(module).register_post_accumulate_grad_hook(accumulated),
         ]
         return [handle.remove for handle in handles]
 
@@ -166,6 +167,14 @@ class NoiseMonitor:
     def switched(self, index: int) -> bool:
         layer = self.layers.get(index)
         return layer is not None and layer.switched_at is not None
+
+
+def _weight_leaf(module: nn.Module) -> Tensor:
+    """The parameter autograd accumulates the weight's gradient into: the weight, or under a
+    parametrization (e.g. QAT's forward quantizer) its original."""
+    if parametrize.is_parametrized(module, "weight"):
+        return module.parametrizations.weight.original
+    return module.weight
 
 
 def _measure(module: nn.Module, x: Tensor, g: Tensor, out: Tensor) -> Tensor:
