@@ -29,11 +29,9 @@ from gradcomp.analysis.seeds import LINEAR, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
-    BETTER,
     EQUIVALENT,
     FAMILIES,
     INCONCLUSIVE,
-    WORSE,
     Comparison,
     Pair,
     compare,
@@ -216,6 +214,10 @@ def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block
                 values["correlated_ln_ratio"] = math.log(values["mse"] / values["correlated_mse"])
                 if values["ln_ratio"] is not None:  # how much closer the correlated model comes
                     values["closer"] = abs(values["ln_ratio"]) - abs(values["correlated_ln_ratio"])
+                    flushed, iid, correlated = (
+                        values[key] for key in ("flushed", "predicted_flushed", "correlated_flushed")
+                    )
+                    values["closer_flushed"] = abs(flushed - iid) - abs(flushed - correlated)
             if total["layers"]:
                 values["scale_best"] = total["scale_best"] / total["layers"]
             per_seed.add(seed, {"arm": name}, **values)
@@ -264,21 +266,6 @@ def _c2_pairs(settings: BlockTheory, model: str, errors: PerSeed, arms: dict[str
                 arm=row["arm"],
             )
         )
-    for label in arms:
-        closer = errors.values({"arm": label}, "closer")
-        if closer:  # the correlated model's |ln measured/predicted| below the iid one's
-            pairs.append(
-                one_sample(
-                    f"{model} {label}: |ln measured/predicted| iid less correlated",
-                    closer,
-                    0.0,
-                    "no closer",
-                    unit="ln",
-                    family=CORRELATED,
-                    role=model,
-                    arm=label,
-                )
-            )
     for label, policy in arms.items():
         reference = {"arm": f"{policy.format.element_format.name} {PER_LAYER}"}
         mse = errors.values({"arm": label}, "mse")
@@ -302,15 +289,47 @@ def _c2_pairs(settings: BlockTheory, model: str, errors: PerSeed, arms: dict[str
     return pairs
 
 
+def _correlated_pairs(errors: dict[str, PerSeed], arms: dict[str, Block]) -> list[Pair]:
+    """Without the transform (where blocks keep their levels), per seed and averaged over the families and
+    formats: how much closer the correlated block model comes to the measured relative MSE (|ln measured /
+    predicted| of the iid model less the correlated one's) and to the share flushed (absolute miss of the
+    iid model less the correlated one's); above 0 where it beats the iid model."""
+    plain = [label for label, policy in arms.items() if not policy.hadamard]
+    pairs = []
+    for key, unit, what in (("closer", "ln", "relative MSE"), ("closer_flushed", "", "share flushed")):
+        per_seed: dict[int, list[float]] = defaultdict(list)
+        for family in errors.values():
+            for label in plain:
+                for seed, value in family.values({"arm": label}, key).items():
+                    per_seed[seed].append(value)
+        values = {seed: sum(v) / len(v) for seed, v in per_seed.items()}
+        if values:
+            pairs.append(
+                one_sample(
+                    f"{what}: miss of the iid block model less the correlated one's, without the transform",
+                    values,
+                    0.0,
+                    "no closer",
+                    unit=unit,
+                    family=CORRELATED,
+                    role=key,
+                )
+            )
+    return pairs
+
+
 def _correlated_finding(correlated: list[Comparison]) -> str:
-    """Whether the correlated block model comes closer to the measured MSE than the iid one."""
-    closer = [c for c in correlated if c.verdict == BETTER]
-    farther = [c for c in correlated if c.verdict == WORSE]
+    """Whether the correlated block model comes closer to the measurement than the iid one."""
+    verdicts = {c.role: c for c in correlated}
+    parts = [
+        f"{what}: {verdicts[key].statement}"
+        for key, what in (("closer", "relative MSE"), ("closer_flushed", "share flushed"))
+        if key in verdicts
+    ]
     return (
-        f"The correlated block model (a level per block and a spread within it) against the iid one (its "
-        f"own family): closer to the measured MSE for {len(closer)} of {len(correlated)} (family, format) "
-        f"pairs, farther for {len(farther)} ({', '.join(f'{c.role} {c.arm}' for c in farther) or 'none'}), "
-        f"undecided for the rest; {summarise(correlated)}."
+        "The correlated block model (a level per block and a spread within it) against the iid one, without "
+        "the transform, mean over families and formats (its own family): " + "; ".join(parts) + ". After the "
+        "transform the two coincide (the transformed values are modelled as Gaussian either way)."
     )
 
 
@@ -360,18 +379,19 @@ def _c2_caption(settings: BlockTheory, groups: list[RunGroup], arms: dict[str, B
         model's prediction (a level per block and a spread within it, log2|g| = b + w, fitted by the analysis
         of variance of each layer's blocks; `gradcomp.theory.block.BlockLevels`). Comparisons: measured
         against predicted (ln ratio, equivalence within ±{settings.theory_margin:g}), blocks against one
-        scale per layer, and how much closer the correlated model comes than the iid one (|ln measured /
-        predicted| of the iid less that of the correlated, above 0: closer), each over seeds, each question
-        its own Holm family."""
+        scale per layer, each over seeds, and, without the transform and averaged over families and formats,
+        how much closer the correlated model comes than the iid one to the relative MSE (|ln measured /
+        predicted| of the iid less that of the correlated, above 0: closer) and to the share flushed; each
+        question its own Holm family."""
 
 
 def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
     """C2: the block theory against each family's real gradients, next to per-layer scaling."""
     groups = settings.present([settings.run, *settings.models], runs)
     arms = _arms(settings)
-    rows, pairs, predicted_wins = [], [], {}
+    rows, pairs, predicted_wins, family_errors = [], [], {}, {}
     for group in groups:
-        errors = _family_errors(settings, group, arms)
+        errors = family_errors[group.name] = _family_errors(settings, group, arms)
         pairs += _c2_pairs(settings, group.name, errors, arms)
         for row in errors.rows():
             rows.append({"model": group.name, **row})
@@ -383,7 +403,7 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
             ratios = [math.log(block[s] / layer[s]) for s in block if layer.get(s, 0) > 0 and block[s] > 0]
             if ratios:
                 predicted_wins[group.name, label] = sum(ratios) / len(ratios)
-    comparisons = compare(pairs)
+    comparisons = compare(pairs + _correlated_pairs(family_errors, arms))
     theory = [c for c in comparisons if c.family == THEORY]
     versus = [c for c in comparisons if c.family == VERSUS]
     correlated = [c for c in comparisons if c.family == CORRELATED]
