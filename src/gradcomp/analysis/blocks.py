@@ -320,15 +320,9 @@ def _correlated_pairs(errors: dict[str, PerSeed], arms: dict[str, Block]) -> lis
 
 def _correlated_finding(correlated: list[Comparison]) -> str:
     """Whether the correlated block model comes closer to the measurement than the iid one."""
-    verdicts = {c.role: c for c in correlated}
-    parts = [
-        f"{what}: {verdicts[key].statement}"
-        for key, what in (("closer", "relative MSE"), ("closer_flushed", "share flushed"))
-        if key in verdicts
-    ]
     return (
-        "The correlated block model (a level per block and a spread within it) against the iid one, without "
-        "the transform, mean over families and formats (its own family): " + "; ".join(parts) + ". After the "
+        "The correlated block model (a level per block and a spread within it) against the iid one, mean over "
+        f"families and formats (its own family): {'; '.join(c.statement for c in correlated)}. After the "
         "transform the two coincide (the transformed values are modelled as Gaussian either way)."
     )
 
