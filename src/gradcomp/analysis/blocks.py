@@ -306,7 +306,7 @@ def _correlated_pairs(errors: dict[str, PerSeed], arms: dict[str, Block]) -> lis
         if values:
             pairs.append(
                 one_sample(
-                    f"{what}: miss of the iid block model less the correlated one's, without the transform",
+                    f"{what} without the transform: the iid block model's miss less the correlated one's",
                     values,
                     0.0,
                     "no closer",
