@@ -322,8 +322,8 @@ def _correlated_finding(correlated: list[Comparison]) -> str:
     """Whether the correlated block model comes closer to the measurement than the iid one."""
     return (
         "The correlated block model (a level per block and a spread within it) against the iid one, mean "
-        f"over families and formats (its own family): {'; '.join(c.statement for c in correlated)}. After the "
-        "transform the two coincide (the transformed values are modelled as Gaussian either way)."
+        f"over families and formats (its own family): {'; '.join(c.statement for c in correlated)}. After "
+        "the transform the two coincide (the transformed values are modelled as Gaussian either way)."
     )
 
 
