@@ -26,7 +26,7 @@ from gradcomp.analysis.accuracy import (
 )
 from gradcomp.analysis.claims import decide, deciding, undecided
 from gradcomp.analysis.runs import Run, RunGroup, training_context
-from gradcomp.analysis.seeds import LINEAR, PerSeed
+from gradcomp.analysis.seeds import FRACTION, LINEAR, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
@@ -113,7 +113,10 @@ def _pairs(settings: NoiseRatios, per_seed: PerSeed) -> list:
 
 
 def _layer_shares(layers: list[dict], margin: float) -> dict[str, str]:
-    """Per prediction: the share of layer rows whose predicted R is within the margin of the measured."""
+    """Per prediction: how many layer rows have their predicted R within the margin of the measured, and
+    how many of the misses have a measured R within 10 % of 1: noise as large as the signal, where the
+    error is (nearly) the gradient itself (e.g. everything flushed), which sums coherently as the signal
+    does, not as the uncorrelated noise the carrying assumes."""
     shares = {}
     for kind in PREDICTIONS:
         usable = [
@@ -121,8 +124,13 @@ def _layer_shares(layers: list[dict], margin: float) -> dict[str, str]:
             for row in layers
             if row[f"{kind}_ratio"] and row["measured_ratio"] and 0 < row["measured_ratio"] < math.inf
         ]
-        within = sum(abs(math.log(row[f"{kind}_ratio"] / row["measured_ratio"])) <= margin for row in usable)
-        shares[kind] = f"{within} of {len(usable)} layer measurements"
+        missed = [r for r in usable if abs(math.log(r[f"{kind}_ratio"] / r["measured_ratio"])) > margin]
+        coherent = sum(abs(math.log(r["measured_ratio"])) < math.log(1.1) for r in missed)
+        shares[kind] = (
+            f"{len(usable) - len(missed)} of {len(usable)} layer measurements (of the {len(missed)} missed, "
+            f"{coherent} have a measured R within 10 % of 1: noise as large as the signal, where the error "
+            "is nearly the gradient itself and sums as the signal does, not as uncorrelated noise)"
+        )
     return shares
 
 
@@ -330,7 +338,7 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
     correlations = compare(_correlation_pairs(settings, rows))
     l7, held_out, cutoff = _l7(settings, rows, models, outcomes)
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
-    per_run = PerSeed(("run",), {f"{kind}_below": LINEAR for kind in KINDS} | {"gap_pt": LINEAR})
+    per_run = PerSeed(("run",), {f"{kind}_below": FRACTION for kind in KINDS} | {"gap_pt": LINEAR})
     for row in rows:
         values = {f"{kind}_below": row[f"{kind}_below"] for kind in KINDS}
         per_run.add(row["seed"], {"run": row["label"]}, **values, gap_pt=row["gap_pt"])
