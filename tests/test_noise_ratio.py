@@ -272,3 +272,28 @@ def test_the_noise_ratio_reads_a_parametrized_weight_through_its_original():
     _step(model)
     rows = handle.noise_ratios()
     assert rows and all(row["compressed_signal"] > 0 and row["measured_ratio"] > 0 for row in rows)
+
+
+LOSSY = [
+    "prune:sparsity=0.9",
+    "fp:format=e2m1",
+    "int:bits=4",
+    "mxfp4",
+    "luq",
+    "nm:n=2,m=4",
+    "prune:sparsity=0.9+fp:format=e4m1",
+]
+
+
+@pytest.mark.parametrize("spec", LOSSY)
+def test_the_guard_acts_on_every_lossy_policy(spec):
+    """A threshold above every layer's R switches them all after the patience, one below none; the
+    switched layers then train with exact gradients."""
+    for guard, switched in ((1e9, {"0", "3", "6"}), (1e-9, set())):
+        model = _net()
+        config = CompressionConfig(spec, layer_types=("conv", "linear"), noise_every=1, guard=guard)
+        handle = attach(model, config)
+        for step in range(3):
+            _step(model, step)
+        assert set(handle.switch_report()["switched"]) == switched, spec
+        assert all((layer.policy is not None) == (layer.name in switched) for layer in handle.layers)

@@ -355,12 +355,13 @@ class Attachment:
         """The switches to the fallback (layer -> step; the guard's or switch_step's), the share of the
         compressed elements that took the fallback since training began, and the average bits per gradient
         element over training: the policy's and the fallback's, weighted by the elements each compressed
-        (`summary`: the run's, for policies whose bits depend on it, e.g. pruning's measured sparsity)."""
+        (`summary`: the run's, for policies whose bits depend on it, e.g. pruning's measured sparsity; by
+        default this attachment's own `sparsity()` and `layer_summary()`, one host sync)."""
         self._finish_noise()
         switches = {layer.name: layer.switched_at for layer in self.layers if layer.switched_at is not None}
         policy, fallback = (sum(layer.trained[k] for layer in self.layers) for k in (0, 1))
         share = fallback / (policy + fallback) if policy + fallback else 0.0
-        summary = summary or {}
+        summary = summary or {"gradient_sparsity": self.sparsity() or 0.0, "layers": self.layer_summary()}
         bits = (1 - share) * self.policy.bits_per_element(summary) + (
             share * self.config.fallback.bits_per_element(summary) if share else 0.0
         )
