@@ -117,7 +117,9 @@ def test_the_attachment_adds_a_few_launches_per_layer_and_no_sync(kernel_device,
     assert 0 < handle.sparsity() < 1
 
 
-@pytest.mark.parametrize("policy", ["prune:sparsity=0.85", "fp:format=e4m1", "int:bits=4"])
+@pytest.mark.parametrize(
+    "policy", ["prune:sparsity=0.85", "fp:format=e4m1", "int:bits=4", "mxfp4", "luq", "nm:n=2,m=4"]
+)
 def test_the_noise_ratio_and_guard_add_nothing_between_their_steps(kernel_device, policy):
     """With noise_every=4 and a guard, a step that is not a noise step does the work of the same step
     without them (forward and backward), with no sync; the noise steps themselves sync once (each layer's
