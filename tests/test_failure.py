@@ -74,3 +74,9 @@ def test_timing_counts_where_departure_follows_crossing():
     text = failure._timing(rows)
     assert "crossed, then departed 1" in text and "departed before crossing 1" in text
     assert "neither 1" in text and "crossed, never departed 1" in text and "median lag" in text
+
+
+def test_f0_leaves_ratios_without_a_finite_log_out_of_its_comparisons():
+    ratios = {"theory": 0.0, "carried": 2.0, "measured": 1.0}
+    assert failure._ln_misses(ratios) == {"ln_carried": pytest.approx(math.log(2.0))}
+    assert failure._ln_misses({"theory": 2.0, "carried": None, "measured": math.inf}) == {}

@@ -84,16 +84,23 @@ def _measure(settings: NoiseRatios, groups: list[RunGroup]) -> tuple[PerSeed, li
                 label = parse_policy(spec).label
                 rows = _ratios(model, spec, batches)
                 ratios = {kind: _model_ratio(rows, kind) for kind in KINDS}
-                measured = ratios["measured"]
-                logs = {
-                    f"ln_{kind}": math.log(ratios[kind] / measured)
-                    for kind in PREDICTIONS
-                    if ratios[kind] is not None and 0 < measured < math.inf
-                }
+                logs = _ln_misses(ratios)
                 key = {"model": group.config["model"], "policy": label}
                 per_seed.add(seed, key, **{f"{k}_ratio": v for k, v in ratios.items()}, **logs)
                 layers.extend({**key, "seed": seed, **row} for row in rows)
     return per_seed, layers
+
+
+def _ln_misses(ratios: dict[str, float | None]) -> dict[str, float]:
+    """ln(predicted R / measured R) of each prediction. A ratio of 0 (the compressed weight gradient
+    vanished: all noise) or inf (no noise) has no finite ln: that seed leaves the comparison, and the table
+    still shows the ratio."""
+    measured = ratios["measured"]
+    return {
+        f"ln_{kind}": math.log(ratios[kind] / measured)
+        for kind in PREDICTIONS
+        if all(r is not None and 0 < r < math.inf for r in (ratios[kind], measured))
+    }
 
 
 def _pairs(settings: NoiseRatios, per_seed: PerSeed) -> list:
