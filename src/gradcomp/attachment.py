@@ -169,10 +169,9 @@ class Attachment:
         """The last noise step's ratios to the host; layers the guard switched compress with the fallback."""
         if self.noise is None:
             return
-        self.noise.finish()
-        for layer in self.layers:
-            if self.noise.switched(layer.index):
-                self._switch(layer, self.noise.layers[layer.index].switched_at)
+        step = self.noise.pending
+        for index in self.noise.finish():
+            self._switch(self.layers[index], step)
 
     def _switch(self, layer: LayerState, step: int) -> None:
         if layer.policy is None:

@@ -56,7 +56,6 @@ class LayerNoise:
     compressed: Tensor | None = None  # ||g_hat_W||^2
     measured: Tensor | None = None  # (||g_W||^2, ||g_hat_W - g_W||^2)
     below: int = 0  # consecutive noise steps with the predicted ratio below the guard
-    switched_at: int | None = None
 
 
 @dataclass
@@ -115,21 +114,23 @@ class NoiseMonitor:
             layer.measured = _measure(layer.module, layer.input, g, out)
             layer.input = None
 
-    def finish(self) -> list[dict]:
+    def finish(self) -> list[int]:
         """Bring the last noise step's values to the host, record them, and decide the guard; returns the
-        new rows. Called as each step begins (and by reports), so a noise step's figures are complete."""
+        layers (attachment indices) whose ratio has now stayed below the guard for its patience. Called as
+        each step begins (and by reports), so a noise step's figures are complete."""
         if self.pending is None:
             return []
         noise_step, self.pending = self.pending, None
-        rows = []
-        for layer in self.layers.values():
+        below = []
+        for index, layer in self.layers.items():
             if layer.energy is None:
                 continue
-            rows.append(self._row(noise_step, layer))
+            self.history.append(self._row(noise_step, layer))
+            if layer.below >= self.config.guard_patience:
+                below.append(index)
             layer.energy = layer.compressed = layer.measured = layer.input = None
             layer.predicted = {}
-        self.history.extend(rows)
-        return rows
+        return below
 
     def _row(self, step: int, layer: LayerNoise) -> dict:
         compressed = None if layer.compressed is None else float(layer.compressed)
@@ -148,25 +149,18 @@ class NoiseMonitor:
                 "measured_noise": error,
             }
         guard, ratio = self.config.guard, row[f"{GUARDED}_ratio"]
-        if guard is not None and layer.switched_at is None and ratio is not None:
+        if guard is not None and ratio is not None:
             layer.below = layer.below + 1 if ratio < guard else 0
-            if layer.below >= self.config.guard_patience:
-                layer.switched_at = step
         return row
 
     def state(self) -> dict:
-        """The history and each layer's guard state, for checkpoints (complete a pending step first)."""
-        layers = {layer.name: [layer.below, layer.switched_at] for layer in self.layers.values()}
-        return {"history": list(self.history), "layers": layers}
+        """The history and each layer's guard count, for checkpoints (complete a pending step first)."""
+        return {"history": list(self.history), "below": {x.name: x.below for x in self.layers.values()}}
 
     def load(self, state: dict) -> None:
         self.history = list(state["history"])
         for layer in self.layers.values():
-            layer.below, layer.switched_at = state["layers"].get(layer.name, (0, None))
-
-    def switched(self, index: int) -> bool:
-        layer = self.layers.get(index)
-        return layer is not None and layer.switched_at is not None
+            layer.below = state["below"].get(layer.name, 0)
 
 
 def _weight_leaf(module: nn.Module) -> Tensor:
