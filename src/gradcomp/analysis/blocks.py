@@ -107,19 +107,10 @@ def _predicted(fmt: BlockFormat, mu2: float, sigma2: float, hadamard: bool, nume
     return block_statistics(fmt, sigma2, "nearest", hadamard, numel, nodes=1024, mu2=mu2)
 
 
-@functools.lru_cache(maxsize=8192)
-def _correlated(fmt: BlockFormat, levels: BlockLevels, hadamard: bool, numel: int):
-    """The correlated model's theory for a layer (levels rounded by the caller)."""
-    return correlated_block_statistics(fmt, levels, "nearest", hadamard, numel)
-
-
 def _levels(g: torch.Tensor, fmt: BlockFormat, axis: int) -> BlockLevels | None:
-    """The layer's block levels in the format's blocks, rounded as `_rounded` rounds the iid fit."""
+    """The layer's block levels in the format's blocks, rounded (`BlockLevels.rounded`)."""
     levels = BlockLevels.of(as_blocks(g.detach(), fmt.block_size, axis)[0])
-    if levels is None:
-        return None
-    rounded = lambda value: round(value * 20) / 20  # noqa: E731
-    return BlockLevels(rounded(levels.mu2 % 1.0), rounded(levels.between), rounded(levels.within))
+    return None if levels is None else levels.rounded()
 
 
 def _rounded(mu2: float, sigma2: float) -> tuple[float, float]:
@@ -186,7 +177,9 @@ def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block
                     _accumulate(totals[name], measured, predicted, nonzero, g.numel(), energy)
                     levels = _levels(g, fmt, block_axis)
                     correlated = (
-                        predicted if levels is None else _correlated(fmt, levels, bool(hadamard), g.numel())
+                        predicted
+                        if levels is None
+                        else correlated_block_statistics(fmt, levels, "nearest", bool(hadamard), g.numel())
                     )
                     totals[name]["correlated_flushed"] += correlated.flushed * nonzero
                     totals[name]["correlated_error"] += correlated.relative_mse * energy

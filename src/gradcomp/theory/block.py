@@ -29,6 +29,7 @@ paper's per-layer scaling), for comparison.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -241,7 +242,13 @@ class BlockLevels:
         between = max((spread - within) / size, 0.0)
         return cls(grand, math.sqrt(between), math.sqrt(max(within, 0.0)))
 
+    def rounded(self) -> BlockLevels:
+        """mu2 modulo 1 (power-of-two block scales make the theory periodic in it) and the spreads, to
+        0.05: the levels at which layers share `correlated_block_statistics`' cached results."""
+        return BlockLevels(*(round(value * 20) / 20 for value in (self.mu2 % 1.0, self.between, self.within)))
 
+
+@functools.lru_cache(maxsize=8192)  # integrals over levels and maxima: milliseconds each, per layer and step
 def correlated_block_statistics(
     fmt: BlockFormat,
     levels: BlockLevels,

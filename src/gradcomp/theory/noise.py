@@ -145,22 +145,17 @@ def _block_error(policy: Block, g: Tensor, weight_path: bool, feature_axis: int,
     levels = BlockLevels.of(as_blocks(laid_out, policy.format.block_size, axis)[0])
     if levels is None:
         return 0.0
-    rounded = BlockLevels(*(round(v * 20) / 20 for v in (levels.mu2 % 1.0, levels.between, levels.within)))
-    relative = _correlated(policy.format, policy.rounding, bool(policy.hadamard), fit.numel, rounded)
-    return relative * fit.energy
+    shares = correlated_block_statistics(
+        policy.format, levels.rounded(), policy.rounding, bool(policy.hadamard), fit.numel
+    )
+    return shares.relative_mse * fit.energy
 
 
-# Quadrature (N:M) and integrals over block levels and maxima (blocks) take milliseconds to tens of
-# milliseconds; a layer's fit changes little between noise steps, so they are taken at rounded parameters
-# (power-of-two block scales make them periodic in the log2 mean) and kept.
+# N:M's quadrature takes tens of milliseconds; a layer's fit changes little between noise steps, so it is
+# taken at rounded parameters and kept (as blocks' `BlockLevels.rounded`).
 @functools.lru_cache(maxsize=4096)
 def _nm_variance(sigma: float, n: int, m: int, zero_share: float) -> float:
     return nm_variance(max(sigma, 1e-3), n, m, zero_share=zero_share)
-
-
-@functools.lru_cache(maxsize=4096)
-def _correlated(fmt, rounding: str, hadamard: bool, numel: int, levels: BlockLevels) -> float:
-    return correlated_block_statistics(fmt, levels, rounding, hadamard, numel).relative_mse
 
 
 def _integer_error(policy: Integer, g: Tensor, weight_path: bool) -> float | None:
