@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import math
 from collections import defaultdict
 
@@ -82,10 +81,8 @@ def learning_curve(group: RunGroup) -> list[dict]:
     has reached its plateau at this scale."""
     by_epoch: dict[tuple[int, int], list[float]] = defaultdict(list)  # (epoch, its last step) -> accuracies
     for run in group.runs.values():
-        for line in (run.folder / "metrics.jsonl").read_text().splitlines():
-            record = json.loads(line)
-            if record.get("kind") == "epoch":
-                by_epoch[record["epoch"] + 1, record["step"]].append(record["test_accuracy"])
+        for record in run.records("epoch"):
+            by_epoch[record["epoch"] + 1, record["step"]].append(record["test_accuracy"])
     return [
         {"run": group.name, "epoch": epoch, "step": step}
         | Estimate.of(values, FRACTION).columns("test_accuracy")

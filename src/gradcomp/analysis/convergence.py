@@ -3,8 +3,6 @@
 
 from __future__ import annotations
 
-import json
-
 import numpy as np
 
 from gradcomp.analysis.accuracy import accuracy_pair, gap_cells, per_seed_table, run_row, scale_note
@@ -22,12 +20,8 @@ def _curves(group: RunGroup) -> PerSeed:
     """Test accuracy after each epoch of every seed of `group` (its metrics.jsonl)."""
     curve = PerSeed(("run", "epoch"), {"accuracy": LINEAR})
     for seed, run in group.runs.items():
-        for line in (run.folder / "metrics.jsonl").read_text().splitlines():
-            entry = json.loads(line)
-            if entry["kind"] == "epoch":
-                curve.add(
-                    seed, {"run": group.name, "epoch": entry["epoch"] + 1}, accuracy=entry["test_accuracy"]
-                )
+        for entry in run.records("epoch"):
+            curve.add(seed, {"run": group.name, "epoch": entry["epoch"] + 1}, accuracy=entry["test_accuracy"])
     return curve
 
 

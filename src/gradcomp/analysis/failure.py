@@ -6,7 +6,6 @@ loses, and L7 on that criterion. F2: switching the backward pass to fp32 late, o
 
 from __future__ import annotations
 
-import json
 import math
 import statistics
 from collections import Counter, defaultdict
@@ -48,6 +47,7 @@ from gradcomp.theory.noise import CRITICAL_RATIO, noise_ratio
 KINDS = (*PREDICTIONS, "measured")
 CORRELATION, HELD_OUT, SWITCH = "correlation", "held_out", "switch"  # F1's correlations, L7's pair; F2's
 CUTOFFS = tuple(c / 10 for c in range(10))  # L7: shares of time below the threshold tried on one model
+Histories = dict[tuple[str, int], dict[str, list[tuple[int, float]]]]  # (run, seed) -> `noise_history`
 
 
 def _ratios(model: nn.Module, spec: str, batches: list) -> list[dict]:
@@ -196,15 +196,10 @@ def _caption(settings: NoiseRatios, groups: dict[str, RunGroup]) -> str:
 
 
 # --- F1 and L7 ----------------------------------------------------------------------------------------------
-def _records(run: Run, kind: str) -> list[dict]:
-    lines = (run.folder / "metrics.jsonl").read_text().splitlines()
-    return [record for record in map(json.loads, lines) if record["kind"] == kind]
-
-
 def noise_history(run: Run) -> dict[str, list[tuple[int, float]]]:
     """Per kind of R, (step, model-wide R) of each noise step the run logged."""
     steps: dict[int, list[dict]] = defaultdict(list)
-    for record in _records(run, "noise"):
+    for record in run.records("noise"):
         steps[record["step"]].append(record)
     history: dict[str, list[tuple[int, float]]] = {kind: [] for kind in KINDS}
     for step, rows in sorted(steps.items()):
@@ -218,8 +213,8 @@ def noise_history(run: Run) -> dict[str, list[tuple[int, float]]]:
 def _departure(arm: Run, baseline: Run, tolerance: float) -> int | None:
     """The first logged step from which the arm's training loss exceeds the baseline's by more than
     `tolerance` (relative) at every later logged step; None where it never does."""
-    arm_loss = {r["step"]: r["loss"] for r in _records(arm, "step")}
-    base_loss = {r["step"]: r["loss"] for r in _records(baseline, "step")}
+    arm_loss = {r["step"]: r["loss"] for r in arm.records("step")}
+    base_loss = {r["step"]: r["loss"] for r in baseline.records("step")}
     steps = sorted(set(arm_loss) & set(base_loss))
     above = [not arm_loss[s] <= (1 + tolerance) * base_loss[s] for s in steps]  # a NaN loss is above
     for index, step in enumerate(steps):
@@ -228,7 +223,7 @@ def _departure(arm: Run, baseline: Run, tolerance: float) -> int | None:
     return None
 
 
-def _run_rows(settings: Stalls, models: WithinModels) -> list[dict]:
+def _run_rows(settings: Stalls, models: WithinModels, histories: Histories) -> list[dict]:
     """Per arm and seed: the share of noise steps below the threshold and the first such step for each kind
     of R, the departure step and the accuracy gap to fp32 of its model (points)."""
     rows = []
@@ -236,7 +231,7 @@ def _run_rows(settings: Stalls, models: WithinModels) -> list[dict]:
         baseline = models.own[arm.name]
         for seed in sorted(set(arm.seeds) & set(baseline.seeds)):
             run, base = arm.runs[seed], baseline.runs[seed]
-            history = noise_history(run)
+            history = histories[arm.name, seed]
             if not history["measured"]:
                 raise ValueError(
                     f"experiments.F1: run {arm.name!r} logged no measured noise ratio (set noise_every and "
@@ -341,24 +336,29 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
     models = WithinModels.of_settings(settings, runs, "F1")
     gaps = compare(models.gap_pairs(settings.margin))
     outcomes = {arm: outcome(gap) for arm, gap in by_arm(gaps).items()}
-    rows = _run_rows(settings, models)
+    histories = {
+        (group.name, seed): noise_history(run)
+        for group in [*models.baselines, *models.arms]
+        for seed, run in group.runs.items()
+    }
+    rows = _run_rows(settings, models, histories)
     correlations = compare(_correlation_pairs(settings, rows))
     l7, held_out, cutoff = _l7(settings, rows, models, outcomes)
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
-    per_run = PerSeed(("run",), {f"{kind}_below": FRACTION for kind in KINDS} | {"gap_pt": LINEAR})
+    per_run = PerSeed(("run", "label"), {f"{kind}_below": FRACTION for kind in KINDS} | {"gap_pt": LINEAR})
     for row in rows:
         values = {f"{kind}_below": row[f"{kind}_below"] for kind in KINDS}
-        per_run.add(row["seed"], {"run": row["label"]}, **values, gap_pt=row["gap_pt"])
-    table = [
-        row | {"outcome": outcomes[name]} for row, name in zip(per_run.rows(), _names(rows), strict=True)
-    ]
+        per_run.add(row["seed"], row, **values, gap_pt=row["gap_pt"])
+    table = [row | {"outcome": outcomes[row["run"]]} for row in per_run.rows()]
     f1 = decide("F1", correlations)
     return Result(
         caption=_stalls_caption(settings, models, groups),
         tables={
             "main": Table("Time below the threshold and accuracy gap of every run", table),
             "runs": Table("Every run and seed", rows, markdown=False),
-            "history": Table("Model-wide R at every noise step", _history_rows(models), markdown=False),
+            "history": Table(
+                "Model-wide R at every noise step", _history_rows(histories, groups), markdown=False
+            ),
         },
         comparisons=correlations + held_out + gaps,
         findings=[
@@ -371,27 +371,13 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
     )
 
 
-def _names(rows: list[dict]) -> list[str]:
-    """The run of each PerSeed row, in the order of first appearance."""
-    return list(dict.fromkeys(row["run"] for row in rows))
-
-
-def _history_rows(models: WithinModels) -> list[dict]:
+def _history_rows(histories: Histories, groups: dict[str, RunGroup]) -> list[dict]:
+    """One row per run, seed, kind of R and noise step."""
     rows = []
-    for group in [*models.baselines, *models.arms]:
-        for seed, run in group.runs.items():
-            for kind, points in noise_history(run).items():
-                rows += [
-                    {
-                        "run": group.name,
-                        "model": group.config["model"],
-                        "seed": seed,
-                        "kind": kind,
-                        "step": s,
-                        "ratio": r,
-                    }
-                    for s, r in points
-                ]
+    for (name, seed), history in histories.items():
+        key = {"run": name, "model": groups[name].config["model"], "seed": seed}
+        for kind, points in history.items():
+            rows += [key | {"kind": kind, "step": step, "ratio": ratio} for step, ratio in points]
     return rows
 
 

@@ -41,6 +41,11 @@ class Run:
     def sparsity(self) -> float | None:
         return self.summary["gradient_sparsity"]
 
+    def records(self, kind: str) -> list[dict]:
+        """The lines of the run's metrics.jsonl of one kind ("step", "epoch", "noise"), in order."""
+        lines = (self.folder / "metrics.jsonl").read_text().splitlines()
+        return [record for record in map(json.loads, lines) if record.get("kind") == kind]
+
 
 @dataclass(frozen=True)
 class RunGroup:

@@ -63,7 +63,7 @@ def stalls(record: Record) -> Figure:
     threshold = record.facts["threshold"]
     figure, axes = subplots(ncols=2, width=4.6, height=3.8)
     ax = axes[0][0]
-    model_of = {row["label"]: row["model"] for row in runs}
+    model_of = {row["run"]: row["model"] for row in runs}
     models = list(dict.fromkeys(model_of.values()))
     for index, model in enumerate(models):
         mine = [row for row in rows if model_of[row["run"]] == model]
