@@ -31,9 +31,8 @@ has one verdict wherever it is printed, decided by the same rule (C2's three que
 each). Each claim carries the probability that an independent replicate at its seeds reaches the same
 status (were the observed differences the truth): below 80 % it is *knife-edge*; where another configuration
 trains the deciding arms on other seeds or for longer (config/converged.yaml), its verdicts are cited beside
-it. Tables
-also give the sign consistency over seeds and the difference the seeds could detect with {100 * POWER:.0f} %
-power."""
+it. Tables also give the sign consistency over seeds and the difference the seeds could detect with
+{100 * POWER:.0f} % power."""
 
 
 def _cited(folder: Path) -> dict[str, dict[str, dict]]:
