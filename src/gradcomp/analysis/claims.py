@@ -10,10 +10,10 @@ and decide it by one rule (`decide`):
 * *refuted* where one has the contrary verdict (its interval lies on the wrong side of the margin);
 * *inconclusive* otherwise, with what was seen and the seeds that would decide it.
 
-Each decision carries how likely an independent replicate with as many seeds is to reach it, were the
-observed differences and pooled sds the truth (each deciding comparison's routes at 0.05 over the family's
-tests, comparisons taken as independent): below 80 % it is flagged *knife-edge*. A claim about the theory
-is computed exactly (no seeds), shown or refuted.
+Each decision carries how likely an independent replicate with as many seeds is to reach it, were the observed
+differences the truth and each sd the upper end of its pooled interval (each deciding comparison's routes at
+0.05 over the family's tests, comparisons taken as independent): below 80 % it is flagged *knife-edge*. A
+claim about the theory is computed exactly (no seeds), shown or refuted.
 """
 
 from __future__ import annotations

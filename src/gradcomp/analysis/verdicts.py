@@ -28,10 +28,12 @@ interval; never a count at or below the seeds used ("more than the N seeds used"
 Every comparison also reports the sign consistency (on how many of its seeds the difference has the sign of
 its mean), the minimum detectable effect (the true difference the paired t-test at 0.05, unadjusted, would
 find with 80 % power, given the seeds and the observed paired sd) and the probability that an independent
-replicate with as many seeds reaches the same verdict, were the observed difference and the pooled sd the
-truth (each route at 0.05 over the family's tests): a verdict below 80 % is *knife-edge*. The 95 % interval
-of a difference of bounded quantities (e.g. accuracies) is intersected with the differences they allow,
-which keeps its coverage.
+replicate with as many seeds reaches the same verdict, were the observed difference the truth and the sd the
+upper end of the pooled sd's 95 % interval (each route at 0.05 over the family's tests): a verdict below 80 %
+is *knife-edge*. The upper end, not the pooled sd itself: an sd from 2-3 seeds can be several times too small,
+and a verdict that rests on a lucky small sd is the one a rerun on another machine overturns. The 95 %
+interval of a difference of bounded quantities (e.g. accuracies) is intersected with the differences they
+allow, which keeps its coverage.
 """
 
 from __future__ import annotations
@@ -493,11 +495,12 @@ def _route_seeds(pair: Pair, difference: float, sd: float, alpha: float, route: 
 def _route_powers(
     pair: Pair, t: Mapping, alpha: float, pooled: tuple[float, float, float] | None
 ) -> tuple[float, float] | None:
-    """Each route's power for an independent replicate with as many seeds (see the module)."""
+    """Each route's power for an independent replicate with as many seeds, at the upper end of the pooled
+    sd's interval (see the module)."""
     n = t["seeds"]
     if n < 2 or pooled is None or not pooled[0] > 0:
         return None
-    beyond, within = (_route_power(pair, t["difference"], pooled[0], alpha, route, n) for route in (0, 1))
+    beyond, within = (_route_power(pair, t["difference"], pooled[2], alpha, route, n) for route in (0, 1))
     return beyond, within
 
 
