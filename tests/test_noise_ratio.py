@@ -11,7 +11,7 @@ from torch import nn
 from gradcomp import CompressionConfig, attach
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.policies import parse_policy
-from gradcomp.theory.noise import neural_error, patch_energy, rows_and_groups, weight_noise
+from gradcomp.theory.noise import group_energy, neural_error, patch_energy, rows_and_groups, weight_noise
 
 CONVS = [
     nn.Conv2d(6, 8, 3, stride=1, padding=1),
@@ -36,7 +36,9 @@ def test_patch_energy_is_the_unfolded_patches_energy(layer):
             (*layer.padding, 0),
             (*layer.stride, 1),
         )
-    torch.testing.assert_close(patch_energy(layer, x), patches.square().sum(), rtol=1e-12, atol=0)
+    # unfold's rows run over (channel, kernel offset): a group's rows are a contiguous run of them
+    per_group = patches.square().sum((0, 2)).reshape(layer.groups, -1).sum(1)
+    torch.testing.assert_close(patch_energy(layer, x), per_group, rtol=1e-12, atol=0)
 
 
 def test_patch_energy_of_a_linear_layer_is_the_input_energy():
@@ -63,8 +65,32 @@ def test_weight_noise_carries_uncorrelated_error_through_the_patch_energy(layer)
     noise = [torch.autograd.grad(y, weight, e, retain_graph=True)[0].square().sum() for e in draws]
     measured = float(torch.stack(noise).mean())
     rows, groups = rows_and_groups(layer, y)
-    predicted = weight_noise(float(y.numel()), float(patch_energy(layer, x)), rows, groups)
+    variance = group_energy(torch.ones_like(y), groups, -1 if isinstance(layer, nn.Linear) else 1)
+    predicted = weight_noise(variance, patch_energy(layer, x), rows)
     assert measured == pytest.approx(predicted, rel=0.08)
+
+
+def test_weight_noise_of_a_depthwise_convolution_counts_each_channel_against_its_own_input():
+    """A depthwise layer whose dead input channel takes an error 1,000 times the others' (as a batch norm
+    after it gives a constant channel): that error adds nothing to the weight gradient, and the per-group
+    carrying says so, where spreading the total error evenly over the channels would over-predict the
+    noise about 250-fold."""
+    torch.manual_seed(0)
+    layer = nn.Conv2d(4, 4, 3, padding=1, groups=4, bias=False)
+    x = torch.randn(8, 4, 6, 6, dtype=torch.float64)
+    x[:, 0] = 0.0
+    weight = layer.weight.detach().double().requires_grad_()
+    y = layer._conv_forward(x, weight, None)
+    sd = torch.tensor([1000.0, 1.0, 1.0, 1.0], dtype=torch.float64).view(1, 4, 1, 1)
+    draws = torch.randn(200, *y.shape, dtype=torch.float64) * sd
+    noise = [torch.autograd.grad(y, weight, e, retain_graph=True)[0].square().sum() for e in draws]
+    measured = float(torch.stack(noise).mean())
+    rows, groups = rows_and_groups(layer, y)
+    variance = group_energy(sd.expand_as(y).square(), groups, 1)
+    energy = patch_energy(layer, x)
+    assert measured == pytest.approx(weight_noise(variance, energy, rows), rel=0.08)
+    spread = weight_noise(variance.sum() / groups * torch.ones(groups), energy, rows)
+    assert spread > 200 * measured
 
 
 def _lognormal(shape, sigma=1.5, seed=0):

@@ -27,6 +27,7 @@ from gradcomp.compress import GradientCopy, LayerStats
 from gradcomp.config import CompressionConfig
 from gradcomp.policies import Policy
 from gradcomp.theory.noise import (
+    group_energy,
     neural_error,
     noise_ratio,
     patch_energy,
@@ -49,7 +50,7 @@ class LayerNoise:
 
     name: str
     module: nn.Module
-    energy: Tensor | None = None  # the input patches' energy S
+    energy: Tensor | None = None  # the input patches' energy S_k of each convolution group k
     shape: tuple[int, int] = (1, 1)  # (rows, groups) of the output
     input: Tensor | None = None  # the layer's input (measure_noise)
     predicted: dict[str, float | None] = field(default_factory=dict)  # noise by PREDICTIONS' kind
@@ -100,14 +101,16 @@ class NoiseMonitor:
         if layer is None or layer.energy is None:
             return
         rows, groups = layer.shape
-        energy = float(layer.energy)
         g = copy.g
+        theory = neural_error(policy, g, stats.scale, copy.weight_path, copy.feature_axis)
+        signal = group_energy(g, groups, copy.feature_axis)
+        total = float(signal.sum())
         errors = {
-            "theory": neural_error(policy, g, stats.scale, copy.weight_path, copy.feature_axis),
-            "carried": float((out.double() - g.double()).square().sum()),
+            "theory": None if theory is None else theory * signal / total if total > 0 else 0 * signal,
+            "carried": group_energy(out.double() - g.double(), groups, copy.feature_axis),
         }
         layer.predicted = {
-            kind: None if error is None else weight_noise(error, energy, rows, groups)
+            kind: None if error is None else weight_noise(error, layer.energy, rows)
             for kind, error in errors.items()
         }
         if layer.input is not None:

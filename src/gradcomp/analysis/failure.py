@@ -189,10 +189,11 @@ def _caption(settings: NoiseRatios, groups: dict[str, RunGroup]) -> str:
         measured with the weight-gradient GEMMs of the exact neural gradient and of the compression's
         error (x axis), against its prediction without a GEMM (y axis): "theory" carries the error the
         lognormal theory predicts from the layer's fit, "carried" the error the compression made on the
-        neural gradient, each through the energy of the layer's input patches, with ||g_W||^2 the
-        compressed gradient's energy less the predicted noise. One panel per family and prediction;
-        dashed: a factor of {math.exp(settings.margin):.3g}. Comparisons: per family and policy, the ln of
-        the model-wide predicted over measured R against 0, equivalent within ±{settings.margin:.3g}."""
+        neural gradient, each through the energy of the input patches of each convolution group, with
+        ||g_W||^2 the compressed gradient's energy less the predicted noise. One panel per family and
+        prediction; dashed: a factor of {math.exp(settings.margin):.3g}. Comparisons: per family and policy,
+        the ln of the model-wide predicted over measured R against 0, equivalent within
+        ±{settings.margin:.3g}."""
 
 
 # --- F1 and L7 ----------------------------------------------------------------------------------------------

@@ -20,9 +20,14 @@ The prediction needs no GEMM:
   adds (x - lo)(hi - x) to each element, summed exactly (one elementwise pass, no GEMM);
 * carried to the weight gradient through the energy of the layer's input: J^T e sums, for each weight,
   e over (sample, position) times the input patch each position reads; with e uncorrelated across its
-  entries and of the same variance everywhere, E||J^T e||^2 = E||e||^2 * S / (rows * groups), S the sum
-  over (sample, position) of the squared norm of the input patch (`patch_energy`), rows the number of
-  (sample, position) pairs;
+  entries and of the same variance within each convolution group k, E||J^T e||^2 = sum_k E||e_k||^2 * S_k
+  / rows, e_k the error on group k's output channels, S_k the sum over (sample, position) of the squared
+  norm of the patch group k reads (`patch_energy`), rows the number of (sample, position) pairs. Per group,
+  not in total: in a depthwise convolution each channel's error meets only its own input, and where a
+  channel's input is dead (zero after a ReLU) its error is largest (the batch norm after the convolution
+  divides a constant channel's gradient by sqrt(eps)) yet adds nothing to the weight gradient. The theory's
+  error, one number per layer, is spread over the groups as the neural gradient's energy is (relative
+  error alike in every group);
 * ||g_W||^2 is the compressed gradient's ||g_hat_W||^2 less the predicted noise (an unbiased compressor's
   noise adds to the energy), at least a tenth of ||g_hat_W||^2.
 """
@@ -180,17 +185,28 @@ def _integer_error(policy: Integer, g: Tensor, weight_path: bool) -> float | Non
 
 
 def patch_energy(module: nn.Module, x: Tensor) -> Tensor:
-    """S: the sum over (sample, output position) of the squared norm of the input patch each position reads
-    (a linear layer: ||x||^2), as a 0-d float64 tensor (one small convolution of x^2 summed over channels,
-    no GEMM with the weights)."""
+    """S_k: for each convolution group k, the sum over (sample, output position) of the squared norm of the
+    input patch the group reads (a linear layer: one group, ||x||^2), as a float64 tensor of one entry per
+    group (one small grouped convolution of x^2 summed over each group's channels, no GEMM with the
+    weights)."""
     if isinstance(module, nn.Linear):
-        return x.detach().double().square().sum()
+        return x.detach().double().square().sum().reshape(1)
     if not isinstance(module, nn.modules.conv._ConvNd) or module.padding_mode != "zeros":
         raise TypeError(f"patch_energy takes linear and zero-padded convolution layers, got {module}")
-    squares = x.detach().double().square().sum(1, keepdim=True)
-    ones = squares.new_ones((1, 1, *module.kernel_size))
+    groups = module.groups
+    squares = x.detach().double().square().unflatten(1, (groups, -1)).sum(2)
+    ones = squares.new_ones((groups, 1, *module.kernel_size))
     convolve = _CONVOLUTIONS[len(module.kernel_size)]
-    return convolve(squares, ones, None, module.stride, module.padding, module.dilation).sum()
+    sums = convolve(squares, ones, None, module.stride, module.padding, module.dilation, groups)
+    return sums.transpose(0, 1).flatten(1).sum(1)
+
+
+def group_energy(e: Tensor, groups: int, feature_axis: int) -> Tensor:
+    """||e_k||^2 for each convolution group k of the output features along `feature_axis` (float64)."""
+    squares = e.detach().double().square()
+    if groups == 1:
+        return squares.sum().reshape(1)
+    return squares.movedim(feature_axis, 0).reshape(groups, -1).sum(1)
 
 
 def rows_and_groups(module: nn.Module, output: Tensor) -> tuple[int, int]:
@@ -200,9 +216,10 @@ def rows_and_groups(module: nn.Module, output: Tensor) -> tuple[int, int]:
     return output.numel() // module.out_channels, module.groups
 
 
-def weight_noise(error: float, energy: float, rows: int, groups: int) -> float:
-    """E||J^T e||^2 for a neural error of squared norm `error` spread evenly and uncorrelated (module doc)."""
-    return error * energy / (rows * groups)
+def weight_noise(error: Tensor, energy: Tensor, rows: int) -> float:
+    """E||J^T e||^2 for a neural error of squared norm `error[k]` in group k, uncorrelated and of the same
+    variance within each group, and patch energies `energy[k]` (module doc)."""
+    return float((error * energy).sum()) / rows
 
 
 def noise_ratio(signal: float, noise: float) -> float:
