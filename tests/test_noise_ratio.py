@@ -11,7 +11,14 @@ from torch import nn
 from gradcomp import CompressionConfig, attach
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.policies import parse_policy
-from gradcomp.theory.noise import group_energy, neural_error, patch_energy, rows_and_groups, weight_noise
+from gradcomp.theory.noise import (
+    error_by_group,
+    group_energy,
+    neural_error,
+    patch_energy,
+    rows_and_groups,
+    weight_noise,
+)
 
 CONVS = [
     nn.Conv2d(6, 8, 3, stride=1, padding=1),
@@ -323,3 +330,14 @@ def test_the_guard_acts_on_every_lossy_policy(spec):
             _step(model, step)
         assert set(handle.switch_report()["switched"]) == switched, spec
         assert all((layer.policy is not None) == (layer.name in switched) for layer in handle.layers)
+
+
+def test_the_theory_error_is_spread_over_groups_by_energy_or_by_elements_for_integer_grids():
+    g = torch.ones(2, 4, 3, 3)
+    g[:, 0] = 10.0  # channel 0 holds 100 / 103 of the energy
+    fp, integer = parse_policy("fp:format=e4m1"), parse_policy("int:bits=4,scheme=ptq")
+    by_energy = error_by_group(fp, 2.06, g, 4, 1)
+    torch.testing.assert_close(by_energy, torch.tensor([2.0, 0.02, 0.02, 0.02], dtype=torch.float64))
+    by_elements = error_by_group(integer, 2.0, g, 2, 1)
+    torch.testing.assert_close(by_elements, torch.tensor([1.0, 1.0], dtype=torch.float64))
+    assert error_by_group(fp, 1.0, torch.zeros(2, 4), 1, -1).tolist() == [0.0]

@@ -27,6 +27,7 @@ from gradcomp.compress import GradientCopy, LayerStats
 from gradcomp.config import CompressionConfig
 from gradcomp.policies import Policy
 from gradcomp.theory.noise import (
+    error_by_group,
     group_energy,
     neural_error,
     noise_ratio,
@@ -103,10 +104,10 @@ class NoiseMonitor:
         rows, groups = layer.shape
         g = copy.g
         theory = neural_error(policy, g, stats.scale, copy.weight_path, copy.feature_axis)
-        signal = group_energy(g, groups, copy.feature_axis)
-        total = float(signal.sum())
         errors = {
-            "theory": None if theory is None else theory * signal / total if total > 0 else 0 * signal,
+            "theory": None
+            if theory is None
+            else error_by_group(policy, theory, g, groups, copy.feature_axis),
             "carried": group_energy(out.double() - g.double(), groups, copy.feature_axis),
         }
         layer.predicted = {

@@ -26,8 +26,7 @@ The prediction needs no GEMM:
   not in total: in a depthwise convolution each channel's error meets only its own input, and where a
   channel's input is dead (zero after a ReLU) its error is largest (the batch norm after the convolution
   divides a constant channel's gradient by sqrt(eps)) yet adds nothing to the weight gradient. The theory's
-  error, one number per layer, is spread over the groups as the neural gradient's energy is (relative
-  error alike in every group);
+  error, one number per layer, is spread over the groups by `error_by_group`;
 * ||g_W||^2 is the compressed gradient's ||g_hat_W||^2 less the predicted noise (an unbiased compressor's
   noise adds to the energy), at least a tenth of ||g_hat_W||^2.
 """
@@ -207,6 +206,18 @@ def group_energy(e: Tensor, groups: int, feature_axis: int) -> Tensor:
     if groups == 1:
         return squares.sum().reshape(1)
     return squares.movedim(feature_axis, 0).reshape(groups, -1).sum(1)
+
+
+def error_by_group(policy: Policy, error: float, g: Tensor, groups: int, feature_axis: int) -> Tensor:
+    """The theory's neural error `error` of layer gradient `g` spread over its convolution groups: by element
+    count for integer grids, whose error is set by the range and the same for every element (stochastic
+    rounding's mean f(1 - f) Delta^2), by the gradient's energy for the other policies, whose error is
+    relative to the magnitudes they act on."""
+    if isinstance(policy, Integer):
+        return torch.full((groups,), error / groups, dtype=torch.float64, device=g.device)
+    energy = group_energy(g, groups, feature_axis)
+    total = float(energy.sum())
+    return energy * (error / total) if total > 0 else energy * 0.0
 
 
 def rows_and_groups(module: nn.Module, output: Tensor) -> tuple[int, int]:
