@@ -80,3 +80,21 @@ def test_f0_leaves_ratios_without_a_finite_log_out_of_its_comparisons():
     ratios = {"theory": 0.0, "carried": 2.0, "measured": 1.0}
     assert failure._ln_misses(ratios) == {"ln_carried": pytest.approx(math.log(2.0))}
     assert failure._ln_misses({"theory": 2.0, "carried": None, "measured": math.inf}) == {}
+
+
+def test_the_error_correlation_reads_the_cross_term_from_the_measured_energies():
+    """||g + e||^2 = ||g||^2 + ||e||^2 + 2 <g, e>, summed over layers: a flushed gradient (e = -g) has
+    correlation -1, uncorrelated noise 0."""
+
+    def row(exact, noise, cross):
+        return {
+            "compressed_signal": exact + noise + 2 * cross,
+            "measured_signal": exact,
+            "measured_noise": noise,
+        }
+
+    assert failure._error_correlation([row(4.0, 4.0, -4.0)]) == pytest.approx(-1.0)
+    assert failure._error_correlation([row(4.0, 1.0, 0.0), row(1.0, 4.0, 0.0)]) == pytest.approx(0.0)
+    assert failure._error_correlation([row(1.0, 1.0, 0.5), row(1.0, 1.0, -0.5)]) == pytest.approx(0.0)
+    assert failure._error_correlation([row(1.0, 0.0, 0.0)]) is None
+    assert failure._error_correlation([{**row(1.0, 1.0, 0.0), "measured_noise": None}]) is None

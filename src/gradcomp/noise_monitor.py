@@ -11,7 +11,8 @@ step begins, the values come to the host (one sync per noise step), the ratios a
 and the guard switches a layer whose "carried" ratio stayed below `guard` for `guard_patience` noise steps
 in a row to `fallback` for the rest of training. It acts on "carried" because the lognormal fit
 misses the error of some real layers by an order of magnitude (the tails of a two-population gradient;
-see the noise-ratio experiment), while the carrying itself holds within a factor of about two.
+see the noise-ratio experiment), while the carrying itself holds within a factor of two wherever the
+error is noise (uncorrelated with the gradient, as an unbiased compressor's is).
 """
 
 from __future__ import annotations
