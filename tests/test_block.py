@@ -75,6 +75,34 @@ def test_dtypes_axes_and_transforms_match_bit_for_bit(kernel_device, dtype, opti
         _same_on_both_backends(x, axis=axis, rounding=rounding, seed=11, **options)
 
 
+@pytest.mark.parametrize("signs", ["none", 7])
+def test_the_transforms_sign_sources_match_bit_for_bit(kernel_device, signs):
+    x = _awkward((40, 64))
+    for options in ({"hadamard": 32}, {**NVFP4, "hadamard": 16}):
+        for rounding in ("nearest", "stochastic"):
+            _same_on_both_backends(
+                x, rounding=rounding, seed=11, signs=signs, **{"element": "e2m1fn", **options}
+            )
+
+
+def test_the_transforms_signs_come_from_the_seed_their_own_seed_or_nowhere():
+    """ "seed": the call's seed draws them; an int: that seed, whatever the call's (one vector for a run);
+    "none": the plain Walsh-Hadamard transform, the same as a transform without signs."""
+    x = lognormal_gradient((8, 64), sigma=2.0, specials=False)
+    quantize = lambda seed, signs: quantize_block(x, "e2m1fn", hadamard=32, seed=seed, signs=signs)  # noqa: E731
+    assert not torch.equal(quantize(1, "seed"), quantize(2, "seed"))
+    assert torch.equal(quantize(1, 9), quantize(2, 9))
+    assert torch.equal(quantize(1, "none"), quantize(2, "none"))
+    assert not torch.equal(quantize(1, "none"), quantize(1, 9))
+    # nearest rounding on the transformed values, with the transform by hand: plain (no signs) or signed
+    for signs, seed in (("none", None), (9, 9)):
+        blocks = hadamard(x, 32, seed=seed)
+        expected = hadamard_inverse(quantize_block(blocks, "e2m1fn"), 32, seed=seed)
+        assert torch.allclose(quantize(1, signs), expected, atol=1e-6), signs
+    with pytest.raises(ValueError, match="signs"):
+        quantize_block(x, "e2m1fn", hadamard=32, signs="run")
+
+
 def _same_on_both_backends(x: torch.Tensor, **options) -> None:
     counters = [torch.zeros((), dtype=torch.int64, device=d) for d in ("cpu", x.device)]
     expected = quantize_block(x, backend="torch", count_zeros_into=counters[0], **options)
@@ -248,6 +276,12 @@ POLICIES = [
     ("mxfp4:rounding=stochastic,hadamard=32", 8.5, "MXFP4 ceil SR H32"),
     ("nvfp4", 9.0, "NVFP4"),
     ("block:element=e3m2fn,block=64,rule=ceil", 12.25, "E3M2/64 E8M0 ceil"),
+    (
+        "nvfp4:rounding=stochastic,weight_hadamard=16,weight_signs=run",
+        9.0,
+        "NVFP4 ceil SR (dW: SR H16 fixed signs)",
+    ),
+    ("mxfp4:hadamard=32,signs=none,weight_hadamard=0", 8.5, "MXFP4 H32 unsigned (dW: plain)"),
 ]
 
 
@@ -261,7 +295,8 @@ def test_block_policies_parse_describe_and_say_their_bits(spec, bits, label):
 
 def test_block_policy_errors_name_the_policy():
     refused = ("block:block=48", "mxfp4:hadamard=64", "nvfp4:rule=round",
-               "mxfp4:rounding=stochastic,rule=floor", "block:rounding=up")  # fmt: skip
+               "mxfp4:rounding=stochastic,rule=floor", "block:rounding=up", "mxfp4:signs=fixed",
+               "mxfp4:rule=floor,weight_rounding=stochastic", "mxfp4:weight_hadamard=64")  # fmt: skip
     for spec in refused:
         with pytest.raises(ValueError, match="block"):
             parse_policy(spec)
@@ -277,7 +312,39 @@ def test_each_copy_is_blocked_along_its_gemms_reduction_axis():
     assert torch.equal(weight, quantize_block(rows, "e2m1fn", 32).view(8, 64, 3, 3).movedim(0, 1))
 
 
-@pytest.mark.parametrize("spec", ["mxfp4:rounding=stochastic,hadamard=32", "nvfp4:rounding=stochastic"])
+def test_each_copy_takes_its_own_rounding_transform_and_signs():
+    """NVIDIA's recipe: stochastic rounding on both copies, the transform on the weight-gradient copy only,
+    its signs one vector for the whole run (every layer and step); "step" signs are shared by the layers of
+    a step; "call" signs (Quartet) come from each call's seed."""
+    g = lognormal_gradient((64, 8, 3, 3), sigma=2.0, specials=False)
+    rows = g.movedim(1, 0).reshape(8, -1)
+
+    def compressed(spec, weight_path, seed=5, run_seed=11, step_seed=13):
+        copy = GradientCopy(g, seed, weight_path=weight_path, feature_axis=1, run_seed=run_seed,
+                            step_seed=step_seed)  # fmt: skip
+        return compress(parse_policy(spec), copy, LayerStats())
+
+    def weight_copy(**options):
+        return quantize_block(rows, "e2m1fn", 16, "e4m3fn", **options).view(8, 64, 3, 3).movedim(0, 1)
+
+    spec = "nvfp4:rounding=stochastic,weight_hadamard=16,weight_signs=run"
+    expected = quantize_block(g, "e2m1fn", 16, "e4m3fn", axis=1, rounding="stochastic", seed=5)
+    assert torch.equal(compressed(spec, False), expected)
+    expected = weight_copy(rounding="stochastic", seed=5, hadamard=16, signs=11)
+    assert torch.equal(compressed(spec, True), expected)
+    plain = weight_copy(rounding="stochastic", seed=5, hadamard=16, signs="none")
+    for mode, sign_seed in (("step", 13), ("call", 5), ("none", "none")):
+        spec = f"nvfp4:rounding=stochastic,hadamard=16,signs={mode}"
+        expected = weight_copy(rounding="stochastic", seed=5, hadamard=16, signs=sign_seed)
+        assert torch.equal(compressed(spec, True), expected), mode
+        assert torch.equal(compressed(spec, True), plain) == (mode == "none"), mode
+
+
+@pytest.mark.parametrize(
+    "spec",
+    ["mxfp4:rounding=stochastic,hadamard=32", "nvfp4:rounding=stochastic",
+     "nvfp4:rounding=stochastic,weight_hadamard=16,weight_signs=run"],
+)  # fmt: skip
 def test_block_policies_train(spec):
     torch.manual_seed(0)
     model = nn.Sequential(nn.Conv2d(3, 32, 3), nn.ReLU(), nn.Flatten(), nn.Linear(32 * 36, 10))

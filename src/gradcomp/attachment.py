@@ -228,8 +228,12 @@ class Attachment:
         return self.step >= self.config.warmup_steps
 
     # --- the backward side ----------------------------------------------------------------------------------
+    @property
+    def _step_seed(self) -> int:
+        return mix32(self.seed ^ mix32(self.step))
+
     def _seed(self, layer: LayerState, stream: int) -> int:
-        return mix32(mix32(self.seed ^ mix32(self.step)) ^ (layer.index * 2 + stream))
+        return mix32(self._step_seed ^ (layer.index * 2 + stream))
 
     @property
     def tracks_bn_output(self) -> bool:
@@ -275,6 +279,8 @@ class Attachment:
             layer=layer.name,
             feature_axis=layer.feature_axis,
             backend=self.backend,
+            run_seed=self.seed,
+            step_seed=self._step_seed,
         )
         out = compress(policy, copy, layer.stats)
         if self._noise_step and (weight_path or not policy.two_streams):

@@ -27,6 +27,9 @@ LUQ_SAMPLES = (1, 16)  # the Luq policy's SMP samples
 NM_MAX_M = 16  # nm_prune: 1 <= n < m <= NM_MAX_M
 BLOCK_SCALES = ("e8m0fnu", "e4m3fn")  # quantize_block's scale formats (OCP MX, NVFP4)
 SCALE_RULES = ("floor", "ceil")  # quantize_block's scale rules
+# Block.signs: the transform's random signs drawn anew at every call (Quartet), once per step for every layer,
+# once for the run (NVIDIA's NVFP4 recipe), or none (the deterministic Walsh-Hadamard matrix)
+SIGN_MODES = ("call", "step", "run", "none")
 MAX_BLOCK = 256  # block sizes and Hadamard transform sizes: powers of two in [2, MAX_BLOCK]
 ESTIMATORS = ("lognormal", "gaussian", "laplace", "topk")  # Prune.estimator
 FITS = ("bn_nonzero", "reference", "all")  # Prune.fit

@@ -65,6 +65,8 @@ class GradientCopy:
     zeros: Tensor | None = None  # int64 counter to which the compressed gradient's zeros are added
     attainable: Tensor | None = None  # int64 counter of the zeros pruning can reach (see fit_statistics)
     layer: str = ""  # the layer's name (per-group settings)
+    run_seed: int = 0  # the run's seed, and the step's (the same for every layer): what random choices made
+    step_seed: int = 0  # once per run or once per step draw from (a block transform's signs)
     feature_axis: int = -1  # the axis of the output features (N:M blocks run along it)
     backend: Backend = "auto"
 
@@ -448,19 +450,22 @@ def _nm(policy: NM, copy: GradientCopy, stats: LayerStats) -> Tensor:
 @_implements(Block)
 def _block(policy: Block, copy: GradientCopy, stats: LayerStats) -> Tensor:
     """Blocks along the reduction axis of the copy's GEMM: the output features for the input gradient, the
-    other axes (flattened) for the weight gradient."""
-    g, fmt = copy.g, policy.format
+    other axes (flattened) for the weight gradient; each copy with its own settings (`Block.copy`)."""
+    g, settings = copy.g, policy.copy(copy.weight_path)
+    fmt = settings.format
+    signs = {"call": "seed", "step": copy.step_seed, "run": copy.run_seed, "none": "none"}[settings.signs]
     quantize = functools.partial(
         quantize_block,
         element=fmt.element,
         block_size=fmt.block_size,
         scale=fmt.scale,
-        rounding=policy.rounding,
+        rounding=settings.rounding,
         seed=copy.seed,
         scale_rule=fmt.rule,
-        hadamard=policy.hadamard,
+        hadamard=settings.hadamard,
         backend=copy.backend,
         count_zeros_into=copy.zeros,
+        signs=signs,
     )
     laid_out, axis = block_layout(g, copy.weight_path, copy.feature_axis)
     out = quantize(laid_out, axis=axis)

@@ -34,6 +34,7 @@ from gradcomp.choices import (
     NM_MAX_M,
     ROUNDINGS,
     SCALINGS,
+    SIGN_MODES,
     choose,
     integer,
     positive,
@@ -502,12 +503,35 @@ class Integer(Policy):
         return float(self.bits + weight)
 
 
+@dataclass(frozen=True)
+class BlockCopy:
+    """How a block policy quantizes one copy of the gradient: its format (the scale rule may differ by
+    rounding), rounding, transform size (0: none) and the transform's sign mode (`SIGN_MODES`)."""
+
+    format: BlockFormat
+    rounding: str
+    hadamard: int
+    signs: str
+
+    @property
+    def label(self) -> str:
+        """e.g. " SR H16 fixed signs": what sets this copy apart from nearest rounding without transform."""
+        rounding = " SR" if self.rounding == "stochastic" else ""
+        signs = {"call": "", "step": " per-step signs", "run": " fixed signs", "none": " unsigned"}[
+            self.signs
+        ]
+        return rounding + (f" H{self.hadamard}{signs}" if self.hadamard else "")
+
+
 @register("block")
 @dataclass(frozen=True)
 class Block(Policy):
     """Block-scaled floating-point gradients (OCP MX, NVFP4; `gradcomp.ops.quantize_block`): blocks of `block`
     consecutive elements share a scale of format `scale` (`gradcomp.block_format`), optionally after a random
-    Hadamard transform of `hadamard` elements (0: none), with nearest or stochastic rounding. The output
+    Hadamard transform of `hadamard` elements (0: none) whose signs are drawn as `signs` says (`SIGN_MODES`:
+    anew at every call, once per step, once for the run, or none), with nearest or stochastic rounding; the
+    weight-gradient copy takes `weight_rounding`, `weight_hadamard` and `weight_signs` where they are given
+    (NVIDIA's NVFP4 recipe transforms that copy only). The output
     gradient feeds two GEMMs whose reductions run along different axes, and the hardware recipes quantize
     each copy with blocks along its GEMM's reduction axis: the input-gradient copy along the output features
     (a convolution's channels, a linear layer's last axis), the weight-gradient copy along the batch (and
@@ -523,30 +547,52 @@ class Block(Policy):
     rule: str | None = None
     rounding: str = "nearest"
     hadamard: int = 0
+    signs: str = "call"
+    weight_rounding: str | None = None  # None: as `rounding`
+    weight_hadamard: int | None = None  # None: as `hadamard`
+    weight_signs: str | None = None  # None: as `signs`
     two_streams: ClassVar[bool] = True
-    _format: BlockFormat = field(init=False, repr=False, compare=False)
+    _copies: tuple[BlockCopy, BlockCopy] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         try:
-            choose("rounding", self.rounding, ROUNDINGS)
-            fmt = BlockFormat(self.element, self.block, self.scale, check_rule(self.rule, self.rounding))
-            if self.hadamard:
-                check_transform_size(self.hadamard, self.block)
+            copies = (
+                self._copy(self.rounding, self.hadamard, self.signs),
+                self._copy(
+                    self.rounding if self.weight_rounding is None else self.weight_rounding,
+                    self.hadamard if self.weight_hadamard is None else self.weight_hadamard,
+                    self.signs if self.weight_signs is None else self.weight_signs,
+                ),
+            )
         except (TypeError, ValueError) as error:
             raise ValueError(f"block: {error}") from error
-        object.__setattr__(self, "_format", fmt)
-        object.__setattr__(self, "element", fmt.element)
-        object.__setattr__(self, "rule", fmt.rule)
+        object.__setattr__(self, "_copies", copies)
+        object.__setattr__(self, "element", copies[0].format.element)
+        rules = {copy.format.rule for copy in copies}
+        object.__setattr__(self, "rule", rules.pop() if len(rules) == 1 else None)
+
+    def _copy(self, rounding: str, hadamard: int, signs: str) -> BlockCopy:
+        choose("rounding", rounding, ROUNDINGS)
+        choose("signs", signs, SIGN_MODES)
+        fmt = BlockFormat(self.element, self.block, self.scale, check_rule(self.rule, rounding))
+        if hadamard:
+            check_transform_size(hadamard, self.block)
+        return BlockCopy(fmt, rounding, hadamard, signs)
+
+    def copy(self, weight_path: bool) -> BlockCopy:
+        """The settings of the weight-gradient copy (weight_path) or of the input-gradient one."""
+        return self._copies[int(weight_path)]
 
     @property
     def format(self) -> BlockFormat:
-        return self._format
+        """The input-gradient copy's format (the copies share element, block and scale format)."""
+        return self._copies[0].format
 
     @property
     def label(self) -> str:
-        rounding = " SR" if self.rounding == "stochastic" else ""
-        transform = f" H{self.hadamard}" if self.hadamard else ""
-        return f"{self.format.label}{rounding}{transform}"
+        """e.g. "MXFP4 SR H32"; where the copies differ, each: "NVFP4 SR (dW: SR H16 fixed signs)"."""
+        inputs, weights = (copy.label for copy in self._copies)
+        return f"{self.format.label}{inputs}" + ("" if weights == inputs else f" (dW:{weights or ' plain'})")
 
     @property
     def family(self) -> str:

@@ -68,13 +68,15 @@ CORRELATED = "the correlated block model against the iid one"
 def _c1_row(group: RunGroup) -> dict:
     policy = group.policy
     if isinstance(policy, Block):
-        fmt = policy.format
+        fmt, copies = policy.format, (policy.copy(False), policy.copy(True))
+        rounding, hadamard = ("/".join(dict.fromkeys(str(getattr(c, key)) for c in copies))
+                              for key in ("rounding", "hadamard"))  # fmt: skip
         return {**run_row(group), "format": fmt.label, "bits": fmt.bits_per_element,
-                "rounding": policy.rounding, "hadamard": policy.hadamard}  # fmt: skip
+                "rounding": rounding, "hadamard": hadamard}  # fmt: skip
     if isinstance(policy, FloatingPoint):
         return {**run_row(group), "format": policy.format_label, "bits": float(policy.fmt.bits),
-                "rounding": policy.rounding, "hadamard": 0}  # fmt: skip
-    return {**run_row(group), "format": group.label, "bits": 32.0, "rounding": None, "hadamard": 0}
+                "rounding": policy.rounding, "hadamard": "0"}  # fmt: skip
+    return {**run_row(group), "format": group.label, "bits": 32.0, "rounding": None, "hadamard": "0"}
 
 
 def _c1_caption(models: WithinModels, margin: float, groups: dict[str, RunGroup]) -> str:

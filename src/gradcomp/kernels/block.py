@@ -37,9 +37,9 @@ SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # NVFP4's block scales
 
 
 @triton.jit
-def _transformed(values, finite, k0, k1, ROWS: tl.constexpr, SIZE: tl.constexpr, H: tl.constexpr,
+def _transformed(values, finite, s0, s1, ROWS: tl.constexpr, SIZE: tl.constexpr, H: tl.constexpr,
                  H_STAGES: tl.constexpr, H_NORM: tl.constexpr, H_BIG: tl.constexpr, H_DOWN: tl.constexpr,
-                 H_UP: tl.constexpr, SIGN_COUNTER: tl.constexpr):  # fmt: skip
+                 H_UP: tl.constexpr, SIGNS: tl.constexpr, SIGN_COUNTER: tl.constexpr):  # fmt: skip
     """(the values the scales are taken of, where the output is computed, the signs, each block's 2^P or 1):
     the transform of each group of H with only finite values (blocks prescaled as `prescales` says), or the
     finite values themselves."""
@@ -47,7 +47,7 @@ def _transformed(values, finite, k0, k1, ROWS: tl.constexpr, SIZE: tl.constexpr,
         groups = tl.reshape(finite.to(tl.int32), [ROWS * SIZE // H, H])
         whole = tl.reshape(tl.broadcast_to(tl.min(groups, 1)[:, None], [ROWS * SIZE // H, H]), [ROWS, SIZE])
         finite = whole != 0
-        signs = transform_signs(tl.arange(0, H), k0, k1, True, SIGN_COUNTER)[None, :]
+        signs = transform_signs(tl.arange(0, H), s0, s1, SIGNS, SIGN_COUNTER)[None, :]
         kept = tl.where(finite, values, 0.0)
         big = tl.max(tl.abs(kept), 1)[:, None] >= H_BIG
         unscale = tl.where(big, H_UP, 1.0)
@@ -73,6 +73,8 @@ def _block_kernel(
     length,
     k0,
     k1,
+    s0,
+    s1,
     zeros_ptr,
     SIZE: tl.constexpr,
     ROWS: tl.constexpr,
@@ -82,6 +84,7 @@ def _block_kernel(
     H_BIG: tl.constexpr,
     H_DOWN: tl.constexpr,
     H_UP: tl.constexpr,
+    SIGNS: tl.constexpr,
     SIGN_COUNTER: tl.constexpr,
     MAXIMA_ONLY: tl.constexpr,
     PER_TENSOR: tl.constexpr,
@@ -120,8 +123,8 @@ def _block_kernel(
     raw = tl.load(x_ptr + offsets, mask=inside, other=0.0)
     values = raw.to(tl.float32)
     transformed, finite, signs, unscale = _transformed(
-        values, tl.abs(values) < float("inf"), k0, k1, ROWS, SIZE, H, H_STAGES, H_NORM, H_BIG, H_DOWN, H_UP,
-        SIGN_COUNTER,
+        values, tl.abs(values) < float("inf"), s0, s1, ROWS, SIZE, H, H_STAGES, H_NORM, H_BIG, H_DOWN, H_UP,
+        SIGNS, SIGN_COUNTER,
     )  # fmt: skip
     magnitude = tl.abs(transformed)
     amax = tl.max(magnitude, 1)[:, None]
@@ -200,9 +203,11 @@ def quantize_block_triton(
     hadamard: int,
     length: int,
     zeros: Tensor | None = None,
+    sign_seed: int | None = None,
 ) -> Tensor:
     """`quantize_blocks` on contiguous rows of block_size elements of a kernel dtype; `length` is the
-    blocked axis's length (the rows' padding beyond it is not counted in `zeros`)."""
+    blocked axis's length (the rows' padding beyond it is not counted in `zeros`); the transform's signs
+    from `sign_seed` (None: all +1)."""
     rows_total, size = blocks.shape
     out = torch.empty_like(blocks)
     element = fmt.element_format
@@ -210,6 +215,7 @@ def quantize_block_triton(
     rows = max(1, TILE // size)
     programs = triton.cdiv(rows_total, rows)
     k0, k1 = seed_keys(seed)
+    s0, s1 = seed_keys(sign_seed) if sign_seed is not None else (0, 0)
     shift = prescale_shift(hadamard)
     constants = dict(
         SIZE=size,
@@ -220,6 +226,7 @@ def quantize_block_triton(
         H_BIG=2.0 ** (127 - shift),
         H_DOWN=2.0**-shift,
         H_UP=2.0**shift,
+        SIGNS=sign_seed is not None,
         SIGN_COUNTER=SIGN_COUNTER,
         PER_TENSOR=fmt.per_tensor,
         EMAX=element.emax,
@@ -241,7 +248,8 @@ def quantize_block_triton(
         STOCHASTIC=stochastic,
         enable_fp_fusion=False,
     )
-    args = [blocks, out, blocks, blocks, rows_total, -(-length // size), length, as_int32(k0), as_int32(k1)]
+    keys = map(as_int32, (k0, k1, s0, s1))
+    args = [blocks, out, blocks, blocks, rows_total, -(-length // size), length, *keys]
     if fmt.per_tensor:
         partials = torch.empty(programs, dtype=torch.float32, device=blocks.device)
         tensor_scale = torch.empty(1, dtype=torch.float32, device=blocks.device)

@@ -29,6 +29,7 @@ largest finite value (an exact result of a value within a rounding step of it) s
 
 from __future__ import annotations
 
+import numbers
 from typing import Literal, NamedTuple
 
 import torch
@@ -69,6 +70,7 @@ def quantize_block(
     hadamard: int = 0,
     backend: Backend = "auto",
     count_zeros_into: Tensor | None = None,
+    signs: int | Literal["seed", "none"] = "seed",
 ) -> Tensor:
     """x in a block-scaled format (see the module), dequantized: x's dtype and shape.
 
@@ -79,7 +81,9 @@ def quantize_block(
     is biased); rounding: "nearest" (ties to even) or "stochastic" (unbiased: E[out] = x but for the
     saturation at the dtype's range; random bits from seed and position; a fresh seed from torch's
     generator when seed is None, which also draws the transform's signs); hadamard: 0, or the size of the
-    random Hadamard transform applied first (a power of two dividing block_size). float16, bfloat16 or
+    random Hadamard transform applied first (a power of two dividing block_size); signs: where the
+    transform's random signs come from: "seed" (the call's seed, fresh with it), an int (their own seed, e.g.
+    one for a whole run) or "none" (all +1: the deterministic Walsh-Hadamard transform). float16, bfloat16 or
     float32 input; a 0-d tensor is one block of one element. count_zeros_into: an int64 one-element tensor
     on x's device to which the output's zeros are added. One kernel launch on CUDA for MX,
     three for NVFP4 (the tensor's largest magnitude first), plus a copy where `axis` is not the last,
@@ -92,7 +96,8 @@ def quantize_block(
     axis = check_axis(x, axis)
     check_counter(count_zeros_into, x)
     stochastic = rounding == "stochastic"
-    seed = resolve_seed(seed) if stochastic or hadamard else 0
+    seed = resolve_seed(seed) if stochastic or (hadamard and signs == "seed") else 0
+    sign_seed = sign_source(signs, seed)
     if x.numel() == 0:
         return x.clone()
     blocks, restore = as_blocks(x, block_size, axis)
@@ -100,9 +105,23 @@ def quantize_block(
         from gradcomp.kernels.block import quantize_block_triton
 
         length = x.shape[axis] if x.dim() else 1
-        out = quantize_block_triton(blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into)
+        out = quantize_block_triton(
+            blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into, sign_seed
+        )
         return restore(out)
-    return add_zero_count(restore(quantize_blocks(blocks, fmt, stochastic, seed, hadamard)), count_zeros_into)
+    out = quantize_blocks(blocks, fmt, stochastic, seed, hadamard, sign_seed)
+    return add_zero_count(restore(out), count_zeros_into)
+
+
+def sign_source(signs: object, seed: int) -> int | None:
+    """The seed of the transform's signs (None: all +1) for quantize_block's `signs`."""
+    if signs == "seed":
+        return seed
+    if signs == "none":
+        return None
+    if isinstance(signs, bool) or not isinstance(signs, numbers.Integral):
+        raise ValueError(f'signs must be "seed", "none" or an int seed, got {signs!r}')
+    return resolve_seed(int(signs))
 
 
 class _Parts(NamedTuple):
@@ -112,12 +131,16 @@ class _Parts(NamedTuple):
     out: Tensor  # the result, float32
 
 
-def quantize_blocks(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int) -> Tensor:
+def quantize_blocks(
+    blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
+) -> Tensor:
     """The torch implementation on rows of block_size elements (the oracle of the kernel)."""
-    return _quantize(blocks, fmt, stochastic, seed, hadamard).out.to(blocks.dtype)
+    return _quantize(blocks, fmt, stochastic, seed, hadamard, sign_seed).out.to(blocks.dtype)
 
 
-def _quantize(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int) -> _Parts:
+def _quantize(
+    blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
+) -> _Parts:
     rows, size = blocks.shape
     values = blocks.float()
     # one cheap reduction spares the selects in the common case (a host sync, harmless on this path)
@@ -127,7 +150,7 @@ def _quantize(blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, had
         groups = values.view(rows, size // hadamard, hadamard)
         if finite is not None:
             finite = finite.view(groups.shape).all(-1, keepdim=True).expand(groups.shape).reshape(rows, size)
-        signs = transform_signs(seed, hadamard, blocks.device)
+        signs = transform_signs(sign_seed, hadamard, blocks.device)
         kept = values if finite is None else torch.where(finite, values, 0.0)
         prescale, unscale = prescales(kept.abs().amax(1, keepdim=True), hadamard)
         transformed = butterfly((kept * prescale).view(groups.shape) * signs).view(rows, size)
@@ -161,13 +184,14 @@ def block_errors(
     hadamard: int = 0,
     axis: int = -1,
     seed: int = 0,
+    signs: int | Literal["seed", "none"] = "seed",
 ) -> tuple[float, float, float]:
     """What `quantize_block` does to x (finite, torch path), measured: the share of the non-zero values the
     format sees (after the transform) that become zero, the share beyond the largest element value times
     their block's scale (clipped), and sum (out - x)^2 / sum x^2. The shares count the elements x has (not
     a trailing block's padding)."""
     blocks, _ = as_blocks(x.detach(), fmt.block_size, axis)
-    parts = _quantize(blocks, fmt, rounding == "stochastic", seed, hadamard)
+    parts = _quantize(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
     nonzero = parts.transformed != 0
     flushed = (nonzero & (parts.rounded == 0)).sum() / nonzero.sum().clamp_min(1)
     clipped = (parts.scaled > fmt.element_format.max_value).sum() / x.numel()

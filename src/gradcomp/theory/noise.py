@@ -145,12 +145,13 @@ def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | No
 def _block_error(policy: Block, g: Tensor, weight_path: bool, feature_axis: int, fit: GradientFit) -> float:
     """The correlated block model's error on the copy's blocks, times their energy (block scaling is
     scale-free: the relative error is that of the measured energy, not the fitted lognormal's)."""
+    settings = policy.copy(weight_path)
     laid_out, axis = block_layout(g.detach(), weight_path, feature_axis)
-    levels = BlockLevels.of(as_blocks(laid_out, policy.format.block_size, axis)[0])
+    levels = BlockLevels.of(as_blocks(laid_out, settings.format.block_size, axis)[0])
     if levels is None:
         return 0.0
     shares = correlated_block_statistics(
-        policy.format, levels.rounded(), policy.rounding, bool(policy.hadamard), fit.numel
+        settings.format, levels.rounded(), settings.rounding, bool(settings.hadamard), fit.numel
     )
     return shares.relative_mse * fit.energy
 
