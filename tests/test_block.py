@@ -24,6 +24,7 @@ from gradcomp.theory.block import (
     correlated_block_statistics,
     per_tensor_statistics,
 )
+from gradcomp.theory.noise import neural_error
 
 ELEMENTS = ["e4m3fn", "float8_e5m2", "e3m2fn", "e2m3fn", "e2m1fn"]
 NVFP4 = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}
@@ -59,6 +60,8 @@ def test_mx_kernel_matches_the_torch_path_bit_for_bit(kernel_device, element, ru
 TRANSFORMS = [
     ({}, -1),
     (NVFP4, 0),
+    ({**NVFP4, "scale_rule": "te"}, -1),
+    ({**NVFP4, "scale_rule": "te", "hadamard": 16}, 0),
     ({"hadamard": 32}, -1),
     ({**NVFP4, "hadamard": 16}, 1),
     ({"hadamard": 16}, 0),
@@ -168,6 +171,45 @@ def test_nvfp4_matches_torchaos_reference():
     tensor = NVFP4Tensor.to_nvfp4(x, per_tensor_scale=per_tensor_amax_to_scale(x.abs().max()))
     expected = tensor.dequantize(torch.float32)
     assert torch.equal(quantize_block(x, backend="torch", **NVFP4), expected)
+
+
+def _te_nvfp4(x: np.ndarray) -> np.ndarray:
+    """NVFP4 as Transformer Engine casts and dequantizes it (rows of 16, round to nearest), written from
+    its kernels (cast/nvfp4/core_nvfp4.cuh, dequantize_nvfp4.cuh) in numpy float32 with ml_dtypes' E4M3 and
+    E2M1: s_enc = 448 * 6 / amax (1 for zeros), block scale E4M3(amax_b * (s_enc * (1 / 6))) saturating at
+    448, elements times min(1 / (scale * (1 / s_enc)), FLT_MAX), saturated to 6 and rounded, dequantized by
+    scale * amax * (1 / 2688)."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    f32, biggest = np.float32, np.finfo(np.float32).max
+    amax = np.abs(x).max()
+    with np.errstate(divide="ignore", over="ignore"):
+        s_enc = min(f32(448.0 * 6.0) / amax, biggest) if amax > 0 else f32(1.0)
+        s_enc = s_enc if s_enc > 0 else f32(1.0)
+        scale = np.abs(x).max(axis=1) * (s_enc * (f32(1.0) / f32(6.0)))
+        scale = np.minimum(scale, f32(448.0)).astype(ml_dtypes.float8_e4m3fn).astype(f32)
+        coefficient = np.minimum(f32(1.0) / (scale * (f32(1.0) / s_enc)), biggest).astype(f32)
+        scaled = np.clip(x * coefficient[:, None], -6.0, 6.0).astype(f32)
+    q = scaled.astype(ml_dtypes.float4_e2m1fn).astype(f32)
+    final = scale * amax * f32(1.0 / (6.0 * 448.0))
+    return (q * final[:, None]).astype(f32)
+
+
+def test_te_nvfp4_is_transformer_engines_cast():
+    """Bit for bit, on data with blocks far below the tensor's largest (their E4M3 scale a subnormal, or
+    underflowing to zero: no lower clamp, the block decodes to zero), ties, and a tensor of zeros."""
+    x = _awkward((24, 64))
+    largest = float(x[torch.isfinite(x)].abs().max())
+    x[3, :16] = torch.linspace(-1, 1, 16) * largest * 2.0**-10.5 / 448  # its E4M3 scale underflows
+    x[4, :16] = torch.linspace(-1, 1, 16) * largest * 2.0**-8 / 448  # a subnormal E4M3 scale
+    for data in (x, torch.zeros(2, 16), x[:, :16] * 2.0**100):
+        data = torch.where(torch.isfinite(data), data, 0.0)
+        got = quantize_block(data, "e2m1fn", 16, "e4m3fn", scale_rule="te")
+        expected = torch.from_numpy(_te_nvfp4(data.numpy().reshape(-1, 16))).view(data.shape)
+        assert torch.equal(_bits(got), _bits(expected))
+    zero_block = quantize_block(x, "e2m1fn", 16, "e4m3fn", scale_rule="te")[3, :16]
+    assert torch.equal(zero_block.abs(), torch.zeros(16))
+    torchao_rule = quantize_block(x, "e2m1fn", 16, "e4m3fn")[3, :16]  # clamped at 2^-6: not all zero
+    assert (torchao_rule != 0).any()
 
 
 def test_elements_land_on_the_grid_times_the_scale_and_saturate():
@@ -471,3 +513,13 @@ def test_the_correlated_block_model_predicts_blocks_with_levels_of_their_own(nam
     predicted = correlated_block_statistics(fmt, levels, "nearest", bool(hadamard), x.numel())
     assert predicted.flushed == pytest.approx(flushed, abs=0.03)
     assert 1 / 1.6 < predicted.relative_mse / mse < 1.6
+
+
+def test_te_rule_takes_nvfp4_scales_and_stochastic_rounding_and_the_theory_says_it_does_not_model_it():
+    policy = parse_policy("nvfp4:rounding=stochastic,rule=te,weight_hadamard=16,weight_signs=run")
+    assert policy.label == "NVFP4 te SR (dW: SR H16 fixed signs)"
+    with pytest.raises(ValueError, match="e4m3fn"):
+        quantize_block(torch.ones(32), "e2m1fn", scale_rule="te")
+    with pytest.raises(ValueError, match="TE"):
+        block_statistics(policy.format, 2.0)
+    assert neural_error(policy, lognormal_gradient((64, 32), sigma=2.0, specials=False)) is None

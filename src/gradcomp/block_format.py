@@ -14,7 +14,13 @@ a scale format:
   rounded to E4M3; elements are divided by s times it. ``rule="floor"``: rounded to nearest (ties to even),
   torchao's NVFP4 reference, where a block scale rounded down saturates the block's largest values;
   ``rule="ceil"``: rounded up, so nothing saturates (but for float32's rounding of the two divisions, at
-  most 2^-22 of the block's largest value).
+  most 2^-22 of the block's largest value). ``rule="te"``: Transformer Engine's NVFP4 cast
+  (`TE_ENCODE`): the encode scale s_enc = 448 * max_value / amax(tensor) (1 for a tensor of zeros), each
+  block's decode scale amax(block) * (s_enc * (1 / max_value)) rounded to nearest E4M3 and saturating at
+  448 but not clamped below, so a block whose scale underflows E4M3 decodes to zero; elements multiplied by
+  1 / (decode * (1 / s_enc)), the rounded values by decode * amax(tensor) * (1 / (448 * max_value)) (TE's
+  dequantization). It rounds the scale to nearest, so with stochastic rounding a block's largest values
+  may saturate and E[out] < x there, as in TE's recipe.
 
 Stochastic rounding is unbiased only where nothing saturates: under ``floor`` a block's largest values are
 clipped to max_value and E[out] < x there (about 1.3 % of the gradient's magnitude for MXFP4). So
@@ -31,6 +37,8 @@ import math
 import struct
 from dataclasses import dataclass, field
 
+import numpy as np
+
 from gradcomp.choices import BLOCK_SCALES, MAX_BLOCK, SCALE_RULES, is_integer
 from gradcomp.formats import DTYPE_FORMATS, DTYPE_LOOKALIKES, FPFormat, parse_format
 
@@ -39,6 +47,7 @@ NVFP4_SCALE_MAX = 448.0  # E4M3's largest value: the per-tensor scale puts the l
 NVFP4_SCALE_MIN = 2.0**-6  # block scales are clamped here from below (E4M3's smallest normal, as torchao)
 # the per-tensor scale is at least this, so that times the smallest block scale it is a normal float32
 NVFP4_TENSOR_SCALE_FLOOR = 2.0**-120
+FLOAT32_MAX = float(np.finfo(np.float32).max)  # TE's scales saturate here (1 / 0 for a zero block scale)
 E4M3_ULP_BITS = (
     1 << 20
 )  # an E4M3 normal's last mantissa bit (of 3) in float32's bits: ceil clears those below
@@ -82,6 +91,8 @@ class BlockFormat:
             raise ValueError(f"scale must be one of {BLOCK_SCALES}, got {self.scale!r}")
         if self.rule not in SCALE_RULES:
             raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.rule!r}")
+        if self.rule == "te" and self.scale != "e4m3fn":
+            raise ValueError("scale_rule='te' is Transformer Engine's NVFP4 cast: it takes scale='e4m3fn'")
 
     @property
     def element_format(self) -> FPFormat:
@@ -102,9 +113,11 @@ class BlockFormat:
         """The preset's name where the format is one (``MXFP4``, ``NVFP4``), else e.g. ``E3M2/64 E8M0``."""
         for name, preset in PRESETS.items():
             if preset == dataclasses.replace(self, rule="floor"):
-                return name.upper() + (" ceil" if self.rule == "ceil" else "")
+                return name.upper() + ("" if self.rule == "floor" else f" {self.rule}")
         fmt = self._element
-        scale = ("E8M0" if self.scale == "e8m0fnu" else "E4M3") + (" ceil" if self.rule == "ceil" else "")
+        scale = ("E8M0" if self.scale == "e8m0fnu" else "E4M3") + (
+            "" if self.rule == "floor" else f" {self.rule}"
+        )
         return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}"
 
 
@@ -114,9 +127,21 @@ def default_rule(rounding: str) -> str:
     return "ceil" if rounding == "stochastic" else "floor"
 
 
+def te_constants(max_value: float) -> tuple[float, float, float]:
+    """Transformer Engine's float32 constants for an element format of largest value `max_value` (6 for
+    E2M1): 448 * max_value, 1 / max_value (a float32 division) and 1 / (448 * max_value) (a double division
+    rounded to float32), as its kernels compute them."""
+    encode = np.float32(NVFP4_SCALE_MAX) * np.float32(max_value)
+    return (
+        float(encode),
+        float(np.float32(1.0) / np.float32(max_value)),
+        float(np.float32(1.0 / float(encode))),
+    )
+
+
 def check_rule(rule: str | None, rounding: str) -> str:
     """`rule`, or the rounding's default where it is None; ``floor`` with stochastic rounding is refused,
-    since saturation makes it biased (see the module)."""
+    since saturation makes it biased (see the module); ``te`` takes stochastic rounding as TE does."""
     if rule is None:
         return default_rule(rounding)
     if rule == "floor" and rounding == "stochastic":

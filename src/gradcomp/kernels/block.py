@@ -14,11 +14,13 @@ from torch import Tensor
 from gradcomp._backend import compute_layout
 from gradcomp.block_format import (
     E4M3_ULP_BITS,
+    FLOAT32_MAX,
     NVFP4_SCALE_MAX,
     NVFP4_SCALE_MIN,
     NVFP4_TENSOR_SCALE_FLOOR,
     BlockFormat,
     prescale_shift,
+    te_constants,
     transform_norm,
 )
 from gradcomp.formats import E4M3FN
@@ -87,6 +89,11 @@ def _block_kernel(
     SIGNS: tl.constexpr,
     SIGN_COUNTER: tl.constexpr,
     MAXIMA_ONLY: tl.constexpr,
+    TE: tl.constexpr,
+    TE_ENCODE: tl.constexpr,
+    TE_RECIPROCAL: tl.constexpr,
+    TE_DECODE: tl.constexpr,
+    FLOAT32_MAX: tl.constexpr,
     PER_TENSOR: tl.constexpr,
     EMAX: tl.constexpr,
     CEIL: tl.constexpr,
@@ -129,11 +136,28 @@ def _block_kernel(
     magnitude = tl.abs(transformed)
     amax = tl.max(magnitude, 1)[:, None]
     if MAXIMA_ONLY:  # the per-tensor scale's candidates, of the blocks as they are (not prescaled)
-        tl.store(
-            partial_ptr + tl.program_id(0), tl.max(tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale)
-        )
+        if TE:  # the tensor's largest magnitude
+            tl.store(partial_ptr + tl.program_id(0), tl.max(amax))
+        else:
+            tl.store(
+                partial_ptr + tl.program_id(0),
+                tl.max(tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale),
+            )
     else:
-        if PER_TENSOR:
+        if TE:
+            largest = tl.load(tensor_scale_ptr)
+            encode = tl.minimum(tl.math.div_rn(tl.zeros_like(largest) + TE_ENCODE, largest), FLOAT32_MAX)
+            encode = tl.where((largest > 0.0) & (encode > 0.0), encode, 1.0)
+            block_scale = tl.minimum(amax * (encode * TE_RECIPROCAL), SCALE_MAX)
+            block_scale = _round_magnitude(
+                block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
+                S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
+            )  # fmt: skip
+            decode = block_scale * tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
+            coefficient = tl.minimum(tl.math.div_rn(tl.zeros_like(decode) + 1.0, decode), FLOAT32_MAX)
+            scaled = magnitude * coefficient
+            total = block_scale * largest * TE_DECODE
+        elif PER_TENSOR:
             tensor_scale = tl.load(tensor_scale_ptr)
             block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale) * unscale
             block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
@@ -217,13 +241,15 @@ def quantize_block_triton(
     k0, k1 = seed_keys(seed)
     s0, s1 = seed_keys(sign_seed) if sign_seed is not None else (0, 0)
     shift = prescale_shift(hadamard)
+    te = fmt.rule == "te"
+    te_encode, te_reciprocal, te_decode = te_constants(element.max_value)
     constants = dict(
         SIZE=size,
         ROWS=rows,
         H=hadamard,
         H_STAGES=max(hadamard.bit_length() - 1, 0),
         H_NORM=transform_norm(hadamard) if hadamard else 1.0,
-        H_BIG=2.0 ** (127 - shift),
+        H_BIG=float("inf") if te else 2.0 ** (127 - shift),  # TE does not prescale
         H_DOWN=2.0**-shift,
         H_UP=2.0**shift,
         SIGNS=sign_seed is not None,
@@ -240,6 +266,11 @@ def quantize_block_triton(
         S_TIE_OFFSET=SCALE_PLAN.tie_offset,
         **{f"S_{key}": value for key, value in _rounding_constants(SCALE_PLAN).items()},
         S_ULP=E4M3_ULP_BITS,
+        TE=te,
+        TE_ENCODE=te_encode,
+        TE_RECIPROCAL=te_reciprocal,
+        TE_DECODE=te_decode,
+        FLOAT32_MAX=FLOAT32_MAX,
         SCALE_MIN=NVFP4_SCALE_MIN,
         SCALE_MAX=NVFP4_SCALE_MAX,
         NEGATIVE_ZERO=plan.negative_zero,
@@ -262,7 +293,7 @@ def quantize_block_triton(
             partials,
             programs,
             tensor_scale,
-            FLOOR=NVFP4_TENSOR_SCALE_FLOOR,
+            FLOOR=0.0 if te else NVFP4_TENSOR_SCALE_FLOOR,
             BLOCK=PARTIALS_BLOCK,
         )
         args[3] = tensor_scale

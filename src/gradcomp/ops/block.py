@@ -11,7 +11,9 @@ saturating at its largest value, and multiplied back by their scale. Everything 
   2^-120 so that s times the smallest block scale stays a normal float32; torchao's gives NaN for a tensor of
   zeros), the block scale amax(block) / max_value / s (two rounded divisions), clamped and rounded to E4M3,
   the elements divided by s * (block scale) (rounded product and quotient), the rounded values multiplied by
-  it: torchao's reference operations in its order.
+  it: torchao's reference operations in its order;
+* NVFP4 with scale_rule "te": Transformer Engine's operations in its order (`gradcomp.block_format`): no
+  lower clamp, so blocks whose scale underflows E4M3 decode to zero.
 
 With `hadamard` = n, each group of n elements of a block is transformed (`gradcomp.ops.hadamard`, signs from
 the seed) before the scales are taken, and the quantized values are transformed back: the result is what a
@@ -23,7 +25,9 @@ padded with zeros: its scale is that of the elements it has.
 Range: with the transform, a block whose largest finite magnitude reaches 2^(127 - P), P = 2 log2(hadamard)
 + 2 (2^115 for hadamard=32), is computed as 2^P times the result for the block times 2^-P (exact, as the
 scales are powers of two or divided through, but for values below 2^(P - 126), which lie far below the
-block's rounding error), so that no sum of the butterflies overflows float32. Results beyond the dtype's
+block's rounding error), so that no sum of the butterflies overflows float32. The "te" rule does as TE does
+and does not prescale: there such a block's transform overflows and the whole tensor's result with it
+(non-finite). Results beyond the dtype's
 largest finite value (an exact result of a value within a rounding step of it) saturate there.
 """
 
@@ -38,12 +42,14 @@ from torch import Tensor
 from gradcomp._backend import Backend, check_float, compute_layout, use_triton
 from gradcomp.block_format import (
     E4M3_ULP_BITS,
+    FLOAT32_MAX,
     NVFP4_SCALE_MAX,
     NVFP4_SCALE_MIN,
     NVFP4_TENSOR_SCALE_FLOOR,
     BlockFormat,
     check_rule,
     check_transform_size,
+    te_constants,
 )
 from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import E4M3FN, FPFormat
@@ -76,7 +82,8 @@ def quantize_block(
 
     element: the element format (e.g. "e4m3fn", "e3m2fn", "e2m1fn"); block_size: a power of two up to 256
     (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX) or "e4m3fn" (NVFP4's two-level scale); scale_rule: "floor"
-    (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao) or "ceil" (nothing saturates), None
+    (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao), "ceil" (nothing saturates) or "te"
+    (NVFP4 as Transformer Engine casts it; stochastic rounding allowed, biased where blocks saturate), None
     for floor with nearest and ceil with stochastic rounding (floor with stochastic rounding is refused: it
     is biased); rounding: "nearest" (ties to even) or "stochastic" (unbiased: E[out] = x but for the
     saturation at the dtype's range; random bits from seed and position; a fresh seed from torch's
@@ -152,14 +159,19 @@ def _quantize(
             finite = finite.view(groups.shape).all(-1, keepdim=True).expand(groups.shape).reshape(rows, size)
         signs = transform_signs(sign_seed, hadamard, blocks.device)
         kept = values if finite is None else torch.where(finite, values, 0.0)
-        prescale, unscale = prescales(kept.abs().amax(1, keepdim=True), hadamard)
-        transformed = butterfly((kept * prescale).view(groups.shape) * signs).view(rows, size)
+        if fmt.rule != "te":  # TE does not prescale (see the module)
+            prescale, unscale = prescales(kept.abs().amax(1, keepdim=True), hadamard)
+            kept = kept * prescale
+        transformed = butterfly(kept.view(groups.shape) * signs).view(rows, size)
     else:
         transformed = values if finite is None else torch.where(finite, values, 0.0)
     magnitude = transformed.abs()
     amax = magnitude.amax(1, keepdim=True)
     plan = RoundingPlan.build(fmt.element_format, FLOAT32)
-    if fmt.per_tensor:
+    if fmt.rule == "te":
+        coefficient, total = _te_scales(amax, fmt)
+        scaled = magnitude * coefficient
+    elif fmt.per_tensor:
         total = _nvfp4_scales(amax, fmt, unscale)
         scaled = magnitude / total
     else:
@@ -169,7 +181,8 @@ def _quantize(
     rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
     out = _apply_sign(rounded * total, transformed, plan)
     if hadamard:
-        out = (signs * butterfly(out.view(groups.shape))).view(rows, size) * unscale
+        out = (signs * butterfly(out.view(groups.shape))).view(rows, size)
+        out = out if unscale is None else out * unscale
     out_max = torch.finfo(blocks.dtype).max
     out = out.clamp(-out_max, out_max)
     if finite is not None:
@@ -214,6 +227,19 @@ def mx_exponent(amax: Tensor, fmt: BlockFormat) -> Tensor:
 def power_of_two(exponent: Tensor) -> Tensor:
     """2^k as float32 for int32 k in [-127, 127] (2^-127 is a subnormal)."""
     return torch.where(exponent > -127, (exponent + 127) << 23, 1 << 22).view(torch.float32)
+
+
+def _te_scales(amax: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor]:
+    """Transformer Engine's NVFP4 cast (`gradcomp.block_format`, rule "te"): each block's element
+    coefficient and decode factor (float32), in TE's order of operations."""
+    encode_max, reciprocal_max, decode_max = te_constants(fmt.element_format.max_value)
+    largest = amax.max()
+    encode = torch.clamp_max(encode_max / largest, FLOAT32_MAX)
+    encode = torch.where((largest > 0) & (encode > 0), encode, 1.0)
+    block_scale = amax * (encode * reciprocal_max)
+    block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, SCALE_PLAN, FLOAT32)
+    coefficient = torch.clamp_max(1.0 / (block_scale * (1.0 / encode)), FLOAT32_MAX)
+    return coefficient, block_scale * largest * decode_max
 
 
 def _nvfp4_scales(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None) -> Tensor:

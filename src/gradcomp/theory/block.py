@@ -150,6 +150,8 @@ def _round_to(y: np.ndarray, points: np.ndarray, stochastic: bool) -> tuple[np.n
 
 def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -> np.ndarray:
     """X as a function of the block's largest magnitude M (>0), as `gradcomp.ops.block` computes it."""
+    if fmt.rule == "te":
+        raise ValueError("the block theory models the floor and ceil scale rules, not TE's (no lower clamp)")
     element = fmt.element_format
     if fmt.per_tensor:
         tensor_scale = max(tensor_largest / (NVFP4_SCALE_MAX * element.max_value), NVFP4_TENSOR_SCALE_FLOOR)

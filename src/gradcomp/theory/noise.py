@@ -105,8 +105,8 @@ def neural_error(
     """Predicted E||Q(g) - g||^2 of `policy` on the layer gradient `g` (the copy of the weight-gradient GEMM
     where the policy has two, its output features along `feature_axis`); `scale`: the FP policy's scale
     (the layer's statistics). None where the policy has no prediction (heterogeneous or non-lognormal
-    pruning, BHQ, chains). Block formats take the correlated block model (`gradcomp.theory.block`), whose
-    levels are fitted on the copy's own blocks."""
+    pruning, BHQ, chains, TE's block scale rule). Block formats take the correlated block model
+    (`gradcomp.theory.block`), whose levels are fitted on the copy's own blocks."""
     if isinstance(policy, NoCompression):
         return 0.0
     if isinstance(policy, Integer):
@@ -142,10 +142,15 @@ def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | No
     return None
 
 
-def _block_error(policy: Block, g: Tensor, weight_path: bool, feature_axis: int, fit: GradientFit) -> float:
+def _block_error(
+    policy: Block, g: Tensor, weight_path: bool, feature_axis: int, fit: GradientFit
+) -> float | None:
     """The correlated block model's error on the copy's blocks, times their energy (block scaling is
-    scale-free: the relative error is that of the measured energy, not the fitted lognormal's)."""
+    scale-free: the relative error is that of the measured energy, not the fitted lognormal's); None for
+    TE's scale rule, which the model does not cover."""
     settings = policy.copy(weight_path)
+    if settings.format.rule == "te":
+        return None
     laid_out, axis = block_layout(g.detach(), weight_path, feature_axis)
     levels = BlockLevels.of(as_blocks(laid_out, settings.format.block_size, axis)[0])
     if levels is None:
