@@ -62,6 +62,7 @@ TRANSFORMS = [
     (NVFP4, 0),
     ({**NVFP4, "scale_rule": "te"}, -1),
     ({**NVFP4, "scale_rule": "te", "hadamard": 16}, 0),
+    ({"scale_rule": "three_quarters", "hadamard": 32}, -1),
     ({"hadamard": 32}, -1),
     ({**NVFP4, "hadamard": 16}, 1),
     ({"hadamard": 16}, 0),
@@ -133,6 +134,30 @@ def test_mx_floor_is_gfloats_ocp_definition(element):
     for row, block in zip(ours, x.double().numpy().reshape(-1, 32), strict=True):
         expected = gfloat.quantize_block(info, block, gfloat.compute_scale_amax)
         assert np.array_equal(row, expected), (block, row, expected)
+
+
+def _tseng_mxfp4(x: np.ndarray) -> np.ndarray:
+    """MXFP4 with the 3/4 prescale, round to nearest, as Tseng et al.'s microxcaling patch computes it
+    (amazon-science/mxfp4-llm, `round='dither_scale'`), in numpy float32 with ml_dtypes' E2M1: the OCP
+    shared exponent e = floor(log2 amax) - 2, x -> 3 x / 2^(e+2), rounded, -> q 2^(e+2) / 3."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    amax = np.abs(x).max(axis=1, keepdims=True)
+    _, exponent = np.frexp(amax)  # amax = m 2^exponent, m in [0.5, 1)
+    power = np.exp2(np.where(amax > 0, exponent - 1, -125)).astype(np.float32)  # 2^(e + 2)
+    scaled = (np.float32(3.0) * x) / power
+    q = scaled.astype(ml_dtypes.float4_e2m1fn).astype(np.float32)
+    return (q * power) / np.float32(3.0)
+
+
+def test_three_quarters_is_tsengs_prescale():
+    x = _awkward((16, 64))
+    x = torch.where(torch.isfinite(x), x, 1.0)
+    got = quantize_block(x, "e2m1fn", 32, scale_rule="three_quarters")
+    expected = torch.from_numpy(_tseng_mxfp4(x.numpy().reshape(-1, 32))).view(x.shape)
+    assert torch.equal(_bits(got), _bits(expected))
+    assert block_errors(x, BlockFormat("e2m1fn", rule="three_quarters"))[1] == 0  # nothing saturates
+    with pytest.raises(ValueError, match="three_quarters"):
+        BlockFormat("e2m1fn", 16, "e4m3fn", rule="three_quarters")
 
 
 def _torchao_mx():
@@ -250,14 +275,20 @@ def test_ceil_never_saturates_and_floor_follows_ocp():
         assert clipped_ceil == 0.0 and clipped_floor > 0.0
 
 
-def test_stochastic_rounding_is_unbiased():
-    """E[out] = x where nothing saturates (ceil): the mean of 4000 draws within 5 standard errors of the exact
-    per-element variance (|x| - lo)(hi - |x|) between the grid points around |x| (in units of the block's
-    scale 2^ceil(log2(amax / 6)))."""
+@pytest.mark.parametrize("rule", ["ceil", "three_quarters"])
+def test_stochastic_rounding_is_unbiased(rule):
+    """E[out] = x where nothing saturates (ceil; three_quarters): the mean of 4000 draws within 5 standard
+    errors of the exact per-element variance (|x| - lo)(hi - |x|) between the grid points around |x| (in
+    units of the block's scale: 2^ceil(log2(amax / 6)), or 2^(floor(log2 amax) - 2) * 4/3)."""
     x = lognormal_gradient((2, 32), sigma=2.0, specials=False)
-    draws = torch.stack([quantize_block(x, "e2m1fn", 32, rounding="stochastic", scale_rule="ceil", seed=s)
+    draws = torch.stack([quantize_block(x, "e2m1fn", 32, rounding="stochastic", scale_rule=rule, seed=s)
                          for s in range(4000)]).double()  # fmt: skip
-    scale = torch.exp2(torch.ceil(torch.log2(x.double().abs().amax(1, keepdim=True) / 6)))
+    amax = x.double().abs().amax(1, keepdim=True)
+    scale = (
+        torch.exp2(torch.ceil(torch.log2(amax / 6)))
+        if rule == "ceil"
+        else torch.exp2(torch.floor(torch.log2(amax)) - 2) * 4 / 3
+    )
     grid = parse_format("e2m1fn").values().double()
     grid = grid[grid >= 0]
     magnitude = x.double().abs() / scale
@@ -324,6 +355,9 @@ POLICIES = [
         "NVFP4 ceil SR (dW: SR H16 fixed signs)",
     ),
     ("mxfp4:hadamard=32,signs=none,weight_hadamard=0", 8.5, "MXFP4 H32 unsigned (dW: plain)"),
+    ("nvidia_nvfp4", 9.0, "NVFP4 TE SR (dW: SR H16 fixed signs)"),
+    ("quartet", 8.5, "MXFP4 ceil SR H32"),
+    ("tseng_mxfp4:hadamard=16", 8.5, "MXFP4 3/4 SR H16"),
 ]
 
 
@@ -384,8 +418,7 @@ def test_each_copy_takes_its_own_rounding_transform_and_signs():
 
 @pytest.mark.parametrize(
     "spec",
-    ["mxfp4:rounding=stochastic,hadamard=32", "nvfp4:rounding=stochastic",
-     "nvfp4:rounding=stochastic,weight_hadamard=16,weight_signs=run"],
+    ["mxfp4:rounding=stochastic,hadamard=32", "nvfp4:rounding=stochastic", "nvidia_nvfp4", "tseng_mxfp4"],
 )  # fmt: skip
 def test_block_policies_train(spec):
     torch.manual_seed(0)
@@ -418,7 +451,8 @@ def test_the_op_is_its_kernels_without_sync(kernel_device):
 
 # --- the theory against Monte-Carlo -------------------------------------------------------------------------
 @pytest.mark.parametrize(("name", "rule"), [("mxfp8", "floor"), ("mxfp4", "floor"), ("mxfp4", "ceil"),
-                                            ("nvfp4", "floor"), ("nvfp4", "ceil")])  # fmt: skip
+                                            ("nvfp4", "floor"), ("nvfp4", "ceil"),
+                                            ("mxfp4", "three_quarters")])  # fmt: skip
 @pytest.mark.parametrize("rounding", ["nearest", "stochastic"])
 @pytest.mark.parametrize("sigma2", [1.5, 2.5, 4.0])
 def test_block_theory_matches_monte_carlo(name, rule, rounding, sigma2):
@@ -517,7 +551,7 @@ def test_the_correlated_block_model_predicts_blocks_with_levels_of_their_own(nam
 
 def test_te_rule_takes_nvfp4_scales_and_stochastic_rounding_and_the_theory_says_it_does_not_model_it():
     policy = parse_policy("nvfp4:rounding=stochastic,rule=te,weight_hadamard=16,weight_signs=run")
-    assert policy.label == "NVFP4 te SR (dW: SR H16 fixed signs)"
+    assert policy.label == "NVFP4 TE SR (dW: SR H16 fixed signs)"
     with pytest.raises(ValueError, match="e4m3fn"):
         quantize_block(torch.ones(32), "e2m1fn", scale_rule="te")
     with pytest.raises(ValueError, match="TE"):

@@ -8,7 +8,12 @@ a scale format:
   emax(element), the OCP MX 1.0 definition, where a block's largest values may saturate (amax / 2^k reaches
   up to 2^(emax + 1) > max_value); ``rule="ceil"``: the least k with amax / 2^k <= max_value, so nothing
   saturates (the rounding up of amax / max_value that NVIDIA's MXFP8 recipe and torchao's RCEIL mode do,
-  here without rounding that quotient first). An all-zero block gets k = -127.
+  here without rounding that quotient first); ``rule="three_quarters"`` (Tseng et al., arXiv 2502.20586):
+  floor's k, the block times 3/4 before rounding and 4/3 after, so that its values reach at most
+  1.5 * 2^emax <= max_value and nothing saturates (every OCP FP element; emax >= 2 keeps 2^(k+2) a
+  float32), computed as (x 2^-(k+2)) 3 and
+  (q / 3) 2^(k+2): their 3x / 2^(k+2) and q 2^(k+2) / 3 but where these overflow or pass through a
+  subnormal. An all-zero block gets k = -127.
 * ``"e4m3fn"`` (NVFP4): a float32 per-tensor scale s = amax(tensor) / (448 * max_value) maps the largest
   block scale to E4M3's top; each block's scale is amax(block) / max_value / s, clamped to [2^-6, 448] and
   rounded to E4M3; elements are divided by s times it. ``rule="floor"``: rounded to nearest (ties to even),
@@ -93,6 +98,14 @@ class BlockFormat:
             raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.rule!r}")
         if self.rule == "te" and self.scale != "e4m3fn":
             raise ValueError("scale_rule='te' is Transformer Engine's NVFP4 cast: it takes scale='e4m3fn'")
+        element = self._element
+        if self.rule == "three_quarters" and (
+            self.scale != "e8m0fnu" or element.emax < 2 or element.max_value < 1.5 * 2.0**element.emax
+        ):
+            raise ValueError(
+                "scale_rule='three_quarters' takes scale='e8m0fnu' and an element with emax >= 2 whose "
+                "largest value is at least 1.5 * 2^emax (where 3/4 of a block's largest value lands at most)"
+            )
 
     @property
     def element_format(self) -> FPFormat:
@@ -113,12 +126,13 @@ class BlockFormat:
         """The preset's name where the format is one (``MXFP4``, ``NVFP4``), else e.g. ``E3M2/64 E8M0``."""
         for name, preset in PRESETS.items():
             if preset == dataclasses.replace(self, rule="floor"):
-                return name.upper() + ("" if self.rule == "floor" else f" {self.rule}")
+                return name.upper() + RULE_LABELS[self.rule]
         fmt = self._element
-        scale = ("E8M0" if self.scale == "e8m0fnu" else "E4M3") + (
-            "" if self.rule == "floor" else f" {self.rule}"
-        )
+        scale = ("E8M0" if self.scale == "e8m0fnu" else "E4M3") + RULE_LABELS[self.rule]
         return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}"
+
+
+RULE_LABELS = {"floor": "", "ceil": " ceil", "te": " TE", "three_quarters": " 3/4"}
 
 
 def default_rule(rounding: str) -> str:
@@ -141,7 +155,8 @@ def te_constants(max_value: float) -> tuple[float, float, float]:
 
 def check_rule(rule: str | None, rounding: str) -> str:
     """`rule`, or the rounding's default where it is None; ``floor`` with stochastic rounding is refused,
-    since saturation makes it biased (see the module); ``te`` takes stochastic rounding as TE does."""
+    since saturation makes it biased (see the module); ``te`` takes stochastic rounding as TE does, and
+    ``three_quarters`` keeps it unbiased."""
     if rule is None:
         return default_rule(rounding)
     if rule == "floor" and rounding == "stochastic":

@@ -26,7 +26,8 @@ LUQ_BITS = (2, 8)  # 2^7 binades above alpha: a float32 alpha keeps every level 
 LUQ_SAMPLES = (1, 16)  # the Luq policy's SMP samples
 NM_MAX_M = 16  # nm_prune: 1 <= n < m <= NM_MAX_M
 BLOCK_SCALES = ("e8m0fnu", "e4m3fn")  # quantize_block's scale formats (OCP MX, NVFP4)
-SCALE_RULES = ("floor", "ceil", "te")  # quantize_block's scale rules (te: Transformer Engine's NVFP4)
+# quantize_block's scale rules (te: Transformer Engine's NVFP4; three_quarters: floor and Tseng et al.'s 3/4)
+SCALE_RULES = ("floor", "ceil", "te", "three_quarters")
 # Block.signs: the transform's random signs drawn anew at every call (Quartet), once per step for every layer,
 # once for the run (NVIDIA's NVFP4 recipe), or none (the deterministic Walsh-Hadamard matrix)
 SIGN_MODES = ("call", "step", "run", "none")

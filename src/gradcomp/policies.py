@@ -670,7 +670,26 @@ def parse_policy(spec: str | Mapping[str, Any] | Sequence[Mapping[str, Any]] | P
     return _chain(policies)
 
 
-def _parse_one(text: str) -> Policy:
+# The block recipes of 2025-2026 as specs of the block policy (parameters given after a recipe's name
+# override its own, e.g. ``quartet:hadamard=16``):
+RECIPES: dict[str, str] = {
+    # NVIDIA's NVFP4 pretraining (arXiv 2509.25149, section 4, appendices B and E) as Transformer Engine
+    # casts it: stochastic rounding on both gradient copies, a 16-point transform on the weight-gradient
+    # copy only, its signs one vector for the whole run. (Its last layers in high precision are a choice of
+    # layers, made where the policy is attached.)
+    "nvidia_nvfp4": "nvfp4:rule=te,rounding=stochastic,weight_hadamard=16,weight_signs=run",
+    # Quartet (arXiv 2505.14669): MXFP4 with stochastic rounding after a 32-point transform whose signs are
+    # drawn anew at every backward call
+    "quartet": "mxfp4:rounding=stochastic,hadamard=32,signs=call",
+    # Tseng et al. (arXiv 2502.20586): MXFP4 stochastic rounding after the 3/4 prescale, after a transform
+    # with signs drawn at every call; theirs spans 64 elements (two MX blocks), the op's stays within a
+    # block: 32
+    "tseng_mxfp4": "mxfp4:rule=three_quarters,rounding=stochastic,hadamard=32,signs=call",
+}
+
+
+def _split(text: str) -> tuple[str, dict[str, Any]]:
+    """``NAME[:key=value,...]`` as the name and its parameters (values read as YAML)."""
     name, _, args = text.partition(":")
     kwargs: dict[str, Any] = {}
     for item in filter(None, (a.strip() for a in args.split(","))):
@@ -678,16 +697,25 @@ def _parse_one(text: str) -> Policy:
         if not sep:
             raise ValueError(f"policy {text!r}: expected key=value, got {item!r}")
         kwargs[key.strip()] = yaml.safe_load(value.strip())
-    return _build(name.strip(), kwargs)
+    return name.strip(), kwargs
+
+
+def _parse_one(text: str) -> Policy:
+    return _build(*_split(text))
 
 
 def _build(name: Any, kwargs: dict[str, Any]) -> Policy:
+    if name in RECIPES:  # a recipe: its policy and parameters, then the ones given
+        name, own = _split(RECIPES[name])
+        kwargs = {**own, **kwargs}
     if name in BLOCK_PRESETS:  # a block format's name: its parameters, then the ones given
         preset = BLOCK_PRESETS[name]
         fields = {"element": preset.element, "block": preset.block_size, "scale": preset.scale}
         name, kwargs = "block", {**fields, **kwargs}
     if name not in POLICIES:
-        raise ValueError(f"unknown policy {name!r}; choose from {sorted([*POLICIES, *BLOCK_PRESETS])}")
+        raise ValueError(
+            f"unknown policy {name!r}; choose from {sorted([*POLICIES, *BLOCK_PRESETS, *RECIPES])}"
+        )
     cls = POLICIES[name]
     allowed = {f.name: f for f in dataclasses.fields(cls) if f.init}
     for key, value in kwargs.items():

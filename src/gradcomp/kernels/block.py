@@ -90,6 +90,7 @@ def _block_kernel(
     SIGN_COUNTER: tl.constexpr,
     MAXIMA_ONLY: tl.constexpr,
     TE: tl.constexpr,
+    THREE_QUARTERS: tl.constexpr,
     TE_ENCODE: tl.constexpr,
     TE_RECIPROCAL: tl.constexpr,
     TE_DECODE: tl.constexpr,
@@ -179,13 +180,19 @@ def _block_kernel(
             if CEIL:
                 exponent += ((bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
             exponent = tl.minimum(tl.maximum(tl.where(amax > 0.0, exponent, -127), -127), 127)
-            scaled = magnitude * _power_of_two(-exponent)
+            if THREE_QUARTERS:
+                exponent += 2
+                scaled = magnitude * _power_of_two(-exponent) * 3.0
+            else:
+                scaled = magnitude * _power_of_two(-exponent)
             total = _power_of_two(exponent)
         random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
         rounded = _round_magnitude(
             tl.minimum(scaled, MAX_VALUE), random, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC,
             TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, STOCHASTIC,
         )  # fmt: skip
+        if THREE_QUARTERS:
+            rounded = tl.math.div_rn(rounded, tl.zeros_like(rounded) + 3.0)
         out = rounded * total
         sign = transformed.to(tl.int32, bitcast=True) & -2147483648
         if not NEGATIVE_ZERO:
@@ -267,6 +274,7 @@ def quantize_block_triton(
         **{f"S_{key}": value for key, value in _rounding_constants(SCALE_PLAN).items()},
         S_ULP=E4M3_ULP_BITS,
         TE=te,
+        THREE_QUARTERS=fmt.rule == "three_quarters",
         TE_ENCODE=te_encode,
         TE_RECIPROCAL=te_reciprocal,
         TE_DECODE=te_decode,

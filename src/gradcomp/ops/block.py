@@ -176,10 +176,14 @@ def _quantize(
         scaled = magnitude / total
     else:
         exponent = mx_exponent(amax, fmt)
-        scaled, total = magnitude * power_of_two(-exponent), power_of_two(exponent)
+        if fmt.rule == "three_quarters":  # 2^(k+2) <= 2^127 as emax >= 2 (block_format)
+            exponent = exponent + 2
+            scaled, total = magnitude * power_of_two(-exponent) * 3.0, power_of_two(exponent)
+        else:
+            scaled, total = magnitude * power_of_two(-exponent), power_of_two(exponent)
     random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
     rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
-    out = _apply_sign(rounded * total, transformed, plan)
+    out = _apply_sign((rounded / 3.0 if fmt.rule == "three_quarters" else rounded) * total, transformed, plan)
     if hadamard:
         out = (signs * butterfly(out.view(groups.shape))).view(rows, size)
         out = out if unscale is None else out * unscale

@@ -166,7 +166,8 @@ def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -
     k = exponent - 1 - element.emax
     if fmt.rule == "ceil":
         k = k + (largest > element.max_value * np.exp2(k))
-    return np.exp2(np.clip(k, -127, 127).astype(float))
+    scale = np.exp2(np.clip(k, -127, 127).astype(float))
+    return scale * (4.0 / 3.0) if fmt.rule == "three_quarters" else scale  # rounding on 4/3 of the grid
 
 
 def block_statistics(
