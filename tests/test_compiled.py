@@ -7,10 +7,13 @@ import torch
 from helpers import lognormal_gradient, same_bits
 from torch import nn
 
-from gradcomp import log_moments, lognormal_threshold, stochastic_prune
+from gradcomp import log_moments, lognormal_threshold, quantize_block, stochastic_prune
 from gradcomp._backend import COMPILE_ENV, CpuCompiled
 from gradcomp.attachment import attach
+from gradcomp.block_format import BlockFormat, check_rule
 from gradcomp.config import CompressionConfig
+from gradcomp.ops._blocks import as_blocks
+from gradcomp.ops.block import _quantize, sign_source
 from gradcomp.ops.prune import _prune_chunk
 from gradcomp.ops.stats import _log_sums
 
@@ -109,3 +112,30 @@ def test_inputs_that_require_grad_keep_the_compiled_path(monkeypatch):
     eager, compiled = _both(monkeypatch, lambda: log_moments(x))
     torch.testing.assert_close(compiled, eager, rtol=1e-6, atol=0)
     assert not _prune_chunk.eager_signatures and not _log_sums.eager_signatures
+
+
+BLOCK_CASES = [
+    ({"element": "e2m1fn"}, "nearest"),
+    ({"element": "e4m3fn", "scale_rule": "ceil", "hadamard": 32}, "stochastic"),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}, "nearest"),
+    (
+        {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "scale_rule": "te", "hadamard": 16},
+        "stochastic",
+    ),
+    ({"element": "e2m1fn", "scale_rule": "three_quarters", "hadamard": 32, "signs": 3}, "stochastic"),
+]
+
+
+@pytest.mark.parametrize(("options", "rounding"), BLOCK_CASES)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_compiled_block_quantization_is_bit_exact(monkeypatch, options, rounding, dtype):
+    """Over chunks of rows (three here), compiled and eager, against the whole tensor at once."""
+    x = lognormal_gradient((20_000, 32), sigma=2.0, specials=False).to(dtype)
+    eager, compiled = _both(monkeypatch, lambda: quantize_block(x, rounding=rounding, seed=9, **options))
+    assert same_bits(compiled, eager)
+    fmt = BlockFormat(options["element"], options.get("block_size", 32), options.get("scale", "e8m0fnu"),
+                      check_rule(options.get("scale_rule"), rounding))  # fmt: skip
+    blocks, restore = as_blocks(x, fmt.block_size, -1)
+    sign_seed = sign_source(options.get("signs", "seed"), 9)
+    whole = _quantize(blocks, fmt, rounding == "stochastic", 9, options.get("hadamard", 0), sign_seed)
+    assert same_bits(eager, restore(whole.out.to(dtype)))

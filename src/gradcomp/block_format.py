@@ -69,6 +69,9 @@ class BlockFormat:
     scale: str = "e8m0fnu"
     rule: str = "floor"
     _element: FPFormat = field(init=False, repr=False, compare=False)
+    # constants of the element's largest value, computed once (compiled chunk functions read, not compute)
+    _max_mantissa: int = field(init=False, repr=False, compare=False)
+    _te: tuple[float, float, float] = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         name = self.element.strip().lower() if isinstance(self.element, str) else None
@@ -88,6 +91,9 @@ class BlockFormat:
         # by name, but for the formats whose names are refused above (kept as given)
         object.__setattr__(self, "element", fmt if fmt.name in DTYPE_LOOKALIKES else fmt.name)
         object.__setattr__(self, "_element", dataclasses.replace(fmt, overflow="saturate"))
+        max_bits = struct.unpack("<I", struct.pack("<f", fmt.max_value))[0]
+        object.__setattr__(self, "_max_mantissa", max_bits & 0x7FFFFF)
+        object.__setattr__(self, "_te", te_constants(fmt.max_value))
         if not _power_of_two(self.block_size, 2):
             raise ValueError(
                 f"block_size must be a power of two in [2, {MAX_BLOCK}], got {self.block_size!r}"
@@ -111,6 +117,16 @@ class BlockFormat:
     def element_format(self) -> FPFormat:
         """The element format, saturating."""
         return self._element
+
+    @property
+    def max_mantissa_bits(self) -> int:
+        """The 23 mantissa bits of the element's largest value in float32 (the ceil rule compares them)."""
+        return self._max_mantissa
+
+    @property
+    def te_constants(self) -> tuple[float, float, float]:
+        """`te_constants` of the element's largest value."""
+        return self._te
 
     @property
     def per_tensor(self) -> bool:

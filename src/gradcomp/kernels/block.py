@@ -20,7 +20,6 @@ from gradcomp.block_format import (
     NVFP4_TENSOR_SCALE_FLOOR,
     BlockFormat,
     prescale_shift,
-    te_constants,
     transform_norm,
 )
 from gradcomp.formats import E4M3FN
@@ -249,7 +248,7 @@ def quantize_block_triton(
     s0, s1 = seed_keys(sign_seed) if sign_seed is not None else (0, 0)
     shift = prescale_shift(hadamard)
     te = fmt.rule == "te"
-    te_encode, te_reciprocal, te_decode = te_constants(element.max_value)
+    te_encode, te_reciprocal, te_decode = fmt.te_constants
     constants = dict(
         SIZE=size,
         ROWS=rows,

@@ -39,7 +39,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, check_float, compute_layout, use_triton
+from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
 from gradcomp.block_format import (
     E4M3_ULP_BITS,
     FLOAT32_MAX,
@@ -49,16 +49,16 @@ from gradcomp.block_format import (
     BlockFormat,
     check_rule,
     check_transform_size,
-    te_constants,
 )
 from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import E4M3FN, FPFormat
 from gradcomp.ops._blocks import as_blocks, check_axis
+from gradcomp.ops._chunked import CHUNK
 from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
 from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, prescales, transform_signs
 from gradcomp.ops.stats import add_zero_count, check_counter
-from gradcomp.rng import random_bits, resolve_seed
-from gradcomp.rounding import RoundingPlan, float_bits
+from gradcomp.rng import chunk_counter, hash_counter, random_bits, resolve_seed
+from gradcomp.rounding import RoundingPlan
 
 FLOAT32 = compute_layout(torch.float32)
 SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # NVFP4's block scales, clamped below its largest value
@@ -141,38 +141,137 @@ class _Parts(NamedTuple):
 def quantize_blocks(
     blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
 ) -> Tensor:
-    """The torch implementation on rows of block_size elements (the oracle of the kernel)."""
-    return _quantize(blocks, fmt, stochastic, seed, hadamard, sign_seed).out.to(blocks.dtype)
+    """The torch implementation on rows of block_size elements (the oracle of the kernel). Where every value
+    is finite it runs over chunks of rows, after one pass for the per-tensor statistic where the format has
+    one, compiled on CPU (`CpuCompiled`) but with the transform (its unrolled butterflies take inductor
+    minutes to compile); else `_quantize` on the whole tensor."""
+    values = blocks.float()
+    if not torch.isfinite(values.sum()):  # a host sync, harmless on this path
+        return _quantize(blocks, fmt, stochastic, seed, hadamard, sign_seed).out.to(blocks.dtype)
+    rows, size = values.shape
+    signs = transform_signs(sign_seed, max(hadamard, 1), blocks.device)
+    step = max(1, CHUNK // size)
+    chunks = [(start, values[start : start + step]) for start in range(0, rows, step)]
+    statistic = values.new_zeros(())
+    statistic_of, quantized_of = (
+        (_chunk_statistic.fn, _chunk_out.fn) if hadamard else (_chunk_statistic, _chunk_out)
+    )
+    if fmt.per_tensor:
+        partial = torch.stack([statistic_of(chunk, signs, fmt, hadamard) for _, chunk in chunks])
+        statistic = _finish_statistic(partial.amax(), fmt)
+    out, out_max = torch.empty_like(blocks), torch.finfo(blocks.dtype).max
+    plan = RoundingPlan.build(fmt.element_format, FLOAT32)
+    for start, chunk in chunks:
+        counter = chunk_counter(seed, chunk.numel(), blocks.device, start * size)
+        quantized = quantized_of(chunk, statistic, signs, *counter, fmt, plan, stochastic, hadamard, out_max)
+        out[start : start + step] = quantized.to(blocks.dtype)
+    return out
+
+
+@CpuCompiled
+def _chunk_statistic(values: Tensor, signs: Tensor, fmt: BlockFormat, hadamard: int) -> Tensor:
+    """The largest of a chunk's candidates for the per-tensor statistic (`_tensor_statistic`)."""
+    transformed, unscale = _transformed(values, signs, fmt, hadamard)
+    return _tensor_statistic(transformed.abs().amax(1, keepdim=True), fmt, unscale)
+
+
+@CpuCompiled
+def _chunk_out(
+    values: Tensor,
+    statistic: Tensor,
+    signs: Tensor,
+    base: Tensor,
+    first: Tensor,
+    high: Tensor,
+    fmt: BlockFormat,
+    plan: RoundingPlan,
+    stochastic: bool,
+    hadamard: int,
+    out_max: float,
+) -> Tensor:
+    """One chunk of finite rows quantized, given the tensor's statistic."""
+    random = hash_counter(base, first, high).view(values.shape) if stochastic else None
+    return _quantize_finite(values, statistic, signs, fmt, plan, random, hadamard, out_max).out
 
 
 def _quantize(
     blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
 ) -> _Parts:
+    """The whole tensor at once, non-finite values included: they pass through, and with the transform
+    their whole group does (see the module)."""
     rows, size = blocks.shape
     values = blocks.float()
-    # one cheap reduction spares the selects in the common case (a host sync, harmless on this path)
-    finite = None if torch.isfinite(values.sum()) else torch.isfinite(values)
-    unscale = None  # per block, 2^P where the transform's sums could overflow (see the module), else 1
+    finite = torch.isfinite(values)
     if hadamard:
-        groups = values.view(rows, size // hadamard, hadamard)
-        if finite is not None:
-            finite = finite.view(groups.shape).all(-1, keepdim=True).expand(groups.shape).reshape(rows, size)
-        signs = transform_signs(sign_seed, hadamard, blocks.device)
-        kept = values if finite is None else torch.where(finite, values, 0.0)
-        if fmt.rule != "te":  # TE does not prescale (see the module)
-            prescale, unscale = prescales(kept.abs().amax(1, keepdim=True), hadamard)
-            kept = kept * prescale
-        transformed = butterfly(kept.view(groups.shape) * signs).view(rows, size)
-    else:
-        transformed = values if finite is None else torch.where(finite, values, 0.0)
+        finite = finite.view(rows, -1, hadamard).all(-1, keepdim=True).expand(rows, -1, hadamard)
+        finite = finite.reshape(rows, size)
+    kept = torch.where(finite, values, 0.0)
+    signs = transform_signs(sign_seed, max(hadamard, 1), blocks.device)
+    transformed, unscale = _transformed(kept, signs, fmt, hadamard)
+    statistic = _finish_statistic(
+        _tensor_statistic(transformed.abs().amax(1, keepdim=True), fmt, unscale), fmt
+    )
+    random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
+    plan = RoundingPlan.build(fmt.element_format, FLOAT32)
+    out_max = torch.finfo(blocks.dtype).max
+    parts = _quantize_finite(kept, statistic, signs, fmt, plan, random, hadamard, out_max)
+    return parts._replace(out=torch.where(finite, parts.out, values))
+
+
+def _transformed(
+    values: Tensor, signs: Tensor, fmt: BlockFormat, hadamard: int
+) -> tuple[Tensor, Tensor | None]:
+    """(the values the format sees, each block's 2^P where its transform's sums could overflow, else 1;
+    None without the transform or under TE's rule, which does not prescale: see the module)."""
+    if not hadamard:
+        return values, None
+    rows, size = values.shape
+    unscale = None
+    if fmt.rule != "te":
+        prescale, unscale = prescales(values.abs().amax(1, keepdim=True), hadamard)
+        values = values * prescale
+    return butterfly(values.view(rows, size // hadamard, hadamard) * signs).view(rows, size), unscale
+
+
+def _tensor_statistic(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None) -> Tensor:
+    """What a per-tensor scale is made of, as a maximum over blocks (so that chunks combine by max): TE's
+    largest magnitude; torchao's largest amax / (448 max_value) before its floor; 0 for MX."""
+    if fmt.rule == "te":
+        return amax.max()
+    if fmt.per_tensor:
+        ratio = amax / (NVFP4_SCALE_MAX * fmt.element_format.max_value)
+        return (ratio if unscale is None else ratio * unscale).max()
+    return amax.new_zeros(())
+
+
+def _finish_statistic(largest: Tensor, fmt: BlockFormat) -> Tensor:
+    """The tensor's statistic from the largest candidate: torchao's per-tensor scale has a floor."""
+    if fmt.per_tensor and fmt.rule != "te":
+        return torch.clamp_min(largest, NVFP4_TENSOR_SCALE_FLOOR)
+    return largest
+
+
+def _quantize_finite(
+    values: Tensor,
+    statistic: Tensor,
+    signs: Tensor,
+    fmt: BlockFormat,
+    plan: RoundingPlan,
+    random: Tensor | None,
+    hadamard: int,
+    out_max: float,
+) -> _Parts:
+    """Finite rows quantized given the tensor's statistic (`_finish_statistic`) and random bits; results
+    beyond the output dtype's largest value `out_max` saturate there."""
+    rows, size = values.shape
+    transformed, unscale = _transformed(values, signs, fmt, hadamard)
     magnitude = transformed.abs()
     amax = magnitude.amax(1, keepdim=True)
-    plan = RoundingPlan.build(fmt.element_format, FLOAT32)
     if fmt.rule == "te":
-        coefficient, total = _te_scales(amax, fmt)
+        coefficient, total = _te_scales(amax, fmt, statistic)
         scaled = magnitude * coefficient
     elif fmt.per_tensor:
-        total = _nvfp4_scales(amax, fmt, unscale)
+        total = _nvfp4_scales(amax, fmt, unscale, statistic)
         scaled = magnitude / total
     else:
         exponent = mx_exponent(amax, fmt)
@@ -181,17 +280,12 @@ def _quantize(
             scaled, total = magnitude * power_of_two(-exponent) * 3.0, power_of_two(exponent)
         else:
             scaled, total = magnitude * power_of_two(-exponent), power_of_two(exponent)
-    random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
     rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
     out = _apply_sign((rounded / 3.0 if fmt.rule == "three_quarters" else rounded) * total, transformed, plan)
     if hadamard:
-        out = (signs * butterfly(out.view(groups.shape))).view(rows, size)
+        out = (signs * butterfly(out.view(rows, size // hadamard, hadamard))).view(rows, size)
         out = out if unscale is None else out * unscale
-    out_max = torch.finfo(blocks.dtype).max
-    out = out.clamp(-out_max, out_max)
-    if finite is not None:
-        out = torch.where(finite, out, values)
-    return _Parts(transformed, scaled, rounded, out)
+    return _Parts(transformed, scaled, rounded, out.clamp(-out_max, out_max))
 
 
 def block_errors(
@@ -224,7 +318,7 @@ def mx_exponent(amax: Tensor, fmt: BlockFormat) -> Tensor:
     bits = torch.where(normal, amax, amax * 2.0**24).view(torch.int32)
     exponent = (bits >> 23) - torch.where(normal, 127, 151) - element.emax
     if fmt.rule == "ceil":  # one binade up where amax's significand exceeds max_value's
-        exponent = exponent + ((bits & 0x7FFFFF) > (float_bits(element.max_value, FLOAT32) & 0x7FFFFF)).int()
+        exponent = exponent + ((bits & 0x7FFFFF) > fmt.max_mantissa_bits).int()
     return torch.where(amax > 0, exponent, -127).clamp(-127, 127).int()
 
 
@@ -233,11 +327,11 @@ def power_of_two(exponent: Tensor) -> Tensor:
     return torch.where(exponent > -127, (exponent + 127) << 23, 1 << 22).view(torch.float32)
 
 
-def _te_scales(amax: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor]:
+def _te_scales(amax: Tensor, fmt: BlockFormat, largest: Tensor) -> tuple[Tensor, Tensor]:
     """Transformer Engine's NVFP4 cast (`gradcomp.block_format`, rule "te"): each block's element
-    coefficient and decode factor (float32), in TE's order of operations."""
-    encode_max, reciprocal_max, decode_max = te_constants(fmt.element_format.max_value)
-    largest = amax.max()
+    coefficient and decode factor (float32), in TE's order of operations; `largest`: the tensor's largest
+    magnitude."""
+    encode_max, reciprocal_max, decode_max = fmt.te_constants
     encode = torch.clamp_max(encode_max / largest, FLOAT32_MAX)
     encode = torch.where((largest > 0) & (encode > 0), encode, 1.0)
     block_scale = amax * (encode * reciprocal_max)
@@ -246,15 +340,11 @@ def _te_scales(amax: Tensor, fmt: BlockFormat) -> tuple[Tensor, Tensor]:
     return coefficient, block_scale * largest * decode_max
 
 
-def _nvfp4_scales(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None) -> Tensor:
+def _nvfp4_scales(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None, tensor_scale: Tensor) -> Tensor:
     """Each block's total scale: the per-tensor scale times the block's E4M3 scale (float32). With
     prescaled blocks (amax times 2^-P, `unscale` = 2^P) the result is the scale of the prescaled block: the
     divisions commute with the powers of two."""
     max_value = fmt.element_format.max_value
-    ratio = amax / (NVFP4_SCALE_MAX * max_value)
-    tensor_scale = torch.clamp_min(
-        (ratio if unscale is None else ratio * unscale).max(), NVFP4_TENSOR_SCALE_FLOOR
-    )
     block_scale = amax / max_value / tensor_scale
     if unscale is not None:
         block_scale = block_scale * unscale

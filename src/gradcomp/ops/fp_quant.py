@@ -244,7 +244,7 @@ def _round_nearest_bits(magnitude: Tensor, plan: RoundingPlan, layout: FloatLayo
         bits = (bits + (1 << (d - 1)) - 1 + (((bits >> d) + plan.tie_offset) & 1)) & -(1 << d)
     rounded = bits.view(layout.float_dtype)
     small = magnitude < plan.min_normal
-    if small.any():
+    if torch.compiler.is_compiling() or small.any():  # compiled: branch-free (the same values)
         tiny = torch.where(small, magnitude, 0.0)
         rounded = torch.where(small, (tiny + plan.magic) - plan.magic, rounded)
     return rounded
@@ -258,7 +258,8 @@ def _round_stochastic(magnitude: Tensor, random: Tensor, plan: RoundingPlan, lay
         bits = (bits + _top_random_bits(random, d, layout)) & -(1 << d)
     rounded = bits.view(layout.float_dtype)
     small = magnitude < plan.min_normal
-    if small.any():  # the other lanes compute garbage (possibly inf/NaN) that where() discards
+    # the other lanes compute garbage (possibly inf/NaN) that where() discards; compiled: branch-free
+    if torch.compiler.is_compiling() or small.any():
         rounded = torch.where(small, _stochastic_quanta(magnitude, random, plan), rounded)
     return rounded
 
