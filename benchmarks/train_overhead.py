@@ -16,6 +16,12 @@ GRADCOMP_COMPILE for each arm's steps).
 
     python benchmarks/train_overhead.py [--rounds 6] [--steps 4] [--batch-size 128] [--device cpu|cuda]
                                         [--image-size N] [--channels C] [--quick] [--launches]
+                                        [--arms all|block] [--stem S] [--model-kwargs YAML]
+
+The default configuration's model, for the block arms:
+
+    python benchmarks/train_overhead.py --arms block --batch-size 64 --stem 3x3s2 \
+        --model-kwargs '{channels: [16, 32, 64, 128]}'
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import statistics
 import time
 
 import torch
+import yaml
 from torch import nn
 
 from gradcomp._backend import COMPILE_ENV, interpreter_enabled
@@ -44,6 +51,15 @@ ARMS = {  # name: (policy, statistics refresh, CPU chunk functions compiled)
     "prune 0.85, statistics every 10 steps": ("prune:sparsity=0.85", 10, True),
     "fp e4m1 per-layer optimal scale, every step": ("fp:format=e4m1", "step", True),
     "int 5-bit psq (two streams)": ("int:bits=5,scheme=psq", "step", True),
+}
+# `--arms block`: the block policies (both gradient copies of every convolution and linear layer)
+BLOCK_ARMS = {
+    "uncompressed": None,
+    "MXFP4 nearest": ("mxfp4", "step", True),
+    "MXFP4 SR H32 (C1's arm)": ("mxfp4:rounding=stochastic,hadamard=32", "step", True),
+    "NVFP4 nearest": ("nvfp4", "step", True),
+    "nvidia_nvfp4 (TE cast, SR, H16 on dW)": ("nvidia_nvfp4", "step", True),
+    "MXFP4 nearest, eager (GRADCOMP_COMPILE=0)": ("mxfp4", "step", False),
 }
 
 
@@ -92,6 +108,13 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=4, help="steps per arm per round")
     parser.add_argument("--batch-size", type=int, default=128)
     parser.add_argument("--model", default="resnet18")
+    parser.add_argument("--stem", default="model", help="the ResNet stem (the default config's: 3x3s2)")
+    parser.add_argument(
+        "--model-kwargs",
+        default="{}",
+        help="YAML mapping passed to timm (the default config's: '{channels: [16, 32, 64, 128]}')",
+    )
+    parser.add_argument("--arms", choices=("all", "block"), default="all", help="the policies to time")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--image-size", type=int, help="synthetic images of this size (default 32)")
     parser.add_argument("--channels", type=int, help="synthetic images with this many channels (default 3)")
@@ -111,9 +134,11 @@ def main() -> None:
     data, source = batches(args.batch_size, args.image_size, args.channels, args.device)
     torch.manual_seed(0)
     shape = "x".join(map(str, data[0][0].shape[1:][::-1]))
-    base = create_model(args.model, num_classes=10, in_chans=data[0][0].shape[1]).to(args.device)
+    kwargs = yaml.safe_load(args.model_kwargs) or {}
+    base = create_model(args.model, num_classes=10, in_chans=data[0][0].shape[1], stem=args.stem, **kwargs)
+    base = base.to(args.device)
     arms = {}
-    for name, spec in ARMS.items():
+    for name, spec in (BLOCK_ARMS if args.arms == "block" else ARMS).items():
         if cuda and spec and not spec[2]:
             continue  # compiling concerns the CPU path only
         model = copy.deepcopy(base)
