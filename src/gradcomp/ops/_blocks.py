@@ -24,10 +24,8 @@ def as_blocks(x: Tensor, size: int, axis: int) -> tuple[Tensor, Callable[[Tensor
     blocks = moved.contiguous().view(-1, size)
 
     def restore(out: Tensor) -> Tensor:
-        """Rows back in x's shape: a view laid out as the rows are (for a channels-last gradient blocked
-        along its channels, channels-last again: no copy), but for a trailing block's padding."""
-        out = out.view(*moved.shape)[..., :length].movedim(-1, axis)
-        return out.contiguous() if padding else out
+        out = out.view(*moved.shape)[..., :length]
+        return out.movedim(-1, axis).contiguous() if axis not in (-1, x.dim() - 1) or padding else out
 
     return blocks, restore
 
