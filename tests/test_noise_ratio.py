@@ -312,6 +312,7 @@ LOSSY = [
     "fp:format=e2m1",
     "int:bits=4",
     "mxfp4",
+    "nvidia_nvfp4",
     "luq",
     "nm:n=2,m=4",
     "prune:sparsity=0.9+fp:format=e4m1",
