@@ -11,16 +11,15 @@ a scale format:
   here without rounding that quotient first); ``rule="three_quarters"`` (Tseng et al., arXiv 2502.20586):
   floor's k, the block times 3/4 before rounding and 4/3 after, so that its values reach at most
   1.5 * 2^emax <= max_value and nothing saturates (every OCP FP element; emax >= 2 keeps 2^(k+2) a
-  float32), computed as (x 2^-(k+2)) 3 and
-  (q / 3) 2^(k+2): their 3x / 2^(k+2) and q 2^(k+2) / 3 but where these overflow or pass through a
-  subnormal. An all-zero block gets k = -127.
+  float32), computed as (x 2^-(k+2)) 3 and (q / 3) 2^(k+2): their 3x / 2^(k+2) and q 2^(k+2) / 3 but
+  where these overflow or pass through a subnormal. An all-zero block gets k = -127.
 * ``"e4m3fn"`` (NVFP4): a float32 per-tensor scale s = amax(tensor) / (448 * max_value) maps the largest
   block scale to E4M3's top; each block's scale is amax(block) / max_value / s, clamped to [2^-6, 448] and
   rounded to E4M3; elements are divided by s times it. ``rule="floor"``: rounded to nearest (ties to even),
   torchao's NVFP4 reference, where a block scale rounded down saturates the block's largest values;
   ``rule="ceil"``: rounded up, so nothing saturates (but for float32's rounding of the two divisions, at
   most 2^-22 of the block's largest value). ``rule="te"``: Transformer Engine's NVFP4 cast
-  (`TE_ENCODE`): the encode scale s_enc = 448 * max_value / amax(tensor) (1 for a tensor of zeros), each
+  (`te_constants`): the encode scale s_enc = 448 * max_value / amax(tensor) (1 for a tensor of zeros), each
   block's decode scale amax(block) * (s_enc * (1 / max_value)) rounded to nearest E4M3 and saturating at
   448 but not clamped below, so a block whose scale underflows E4M3 decodes to zero; elements multiplied by
   1 / (decode * (1 / s_enc)), the rounded values by decode * amax(tensor) * (1 / (448 * max_value)) (TE's

@@ -143,13 +143,13 @@ def quantize_blocks(
 ) -> Tensor:
     """The torch implementation on rows of block_size elements (the oracle of the kernel). Where every value
     is finite it runs over chunks of rows, after one pass for the per-tensor statistic where the format has
-    one, compiled on CPU (`CpuCompiled`) but with the transform (its unrolled butterflies take inductor
-    minutes to compile); else `_quantize` on the whole tensor."""
+    one, compiled on CPU (`CpuCompiled`) but with the transform (its unrolled butterflies took inductor
+    minutes to compile: those chunks run eagerly); else `_quantize` on the whole tensor."""
     values = blocks.float()
     if not torch.isfinite(values.sum()):  # a host sync, harmless on this path
         return _quantize(blocks, fmt, stochastic, seed, hadamard, sign_seed).out.to(blocks.dtype)
     rows, size = values.shape
-    signs = transform_signs(sign_seed, max(hadamard, 1), blocks.device)
+    signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
     step = max(1, CHUNK // size)
     chunks = [(start, values[start : start + step]) for start in range(0, rows, step)]
     statistic = values.new_zeros(())
@@ -162,14 +162,16 @@ def quantize_blocks(
     out, out_max = torch.empty_like(blocks), torch.finfo(blocks.dtype).max
     plan = RoundingPlan.build(fmt.element_format, FLOAT32)
     for start, chunk in chunks:
-        counter = chunk_counter(seed, chunk.numel(), blocks.device, start * size)
+        counter = (
+            chunk_counter(seed, chunk.numel(), blocks.device, start * size) if stochastic else (None,) * 3
+        )
         quantized = quantized_of(chunk, statistic, signs, *counter, fmt, plan, stochastic, hadamard, out_max)
         out[start : start + step] = quantized.to(blocks.dtype)
     return out
 
 
 @CpuCompiled
-def _chunk_statistic(values: Tensor, signs: Tensor, fmt: BlockFormat, hadamard: int) -> Tensor:
+def _chunk_statistic(values: Tensor, signs: Tensor | None, fmt: BlockFormat, hadamard: int) -> Tensor:
     """The largest of a chunk's candidates for the per-tensor statistic (`_tensor_statistic`)."""
     transformed, unscale = _transformed(values, signs, fmt, hadamard)
     return _tensor_statistic(transformed.abs().amax(1, keepdim=True), fmt, unscale)
@@ -179,17 +181,18 @@ def _chunk_statistic(values: Tensor, signs: Tensor, fmt: BlockFormat, hadamard: 
 def _chunk_out(
     values: Tensor,
     statistic: Tensor,
-    signs: Tensor,
-    base: Tensor,
-    first: Tensor,
-    high: Tensor,
+    signs: Tensor | None,
+    base: Tensor | None,
+    first: Tensor | None,
+    high: Tensor | None,
     fmt: BlockFormat,
     plan: RoundingPlan,
     stochastic: bool,
     hadamard: int,
     out_max: float,
 ) -> Tensor:
-    """One chunk of finite rows quantized, given the tensor's statistic."""
+    """One chunk of finite rows quantized, given the tensor's statistic (`signs`: the transform's, None
+    without it; the counter of its random bits, None without stochastic rounding)."""
     random = hash_counter(base, first, high).view(values.shape) if stochastic else None
     return _quantize_finite(values, statistic, signs, fmt, plan, random, hadamard, out_max).out
 
@@ -206,7 +209,7 @@ def _quantize(
         finite = finite.view(rows, -1, hadamard).all(-1, keepdim=True).expand(rows, -1, hadamard)
         finite = finite.reshape(rows, size)
     kept = torch.where(finite, values, 0.0)
-    signs = transform_signs(sign_seed, max(hadamard, 1), blocks.device)
+    signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
     transformed, unscale = _transformed(kept, signs, fmt, hadamard)
     statistic = _finish_statistic(
         _tensor_statistic(transformed.abs().amax(1, keepdim=True), fmt, unscale), fmt
@@ -219,7 +222,7 @@ def _quantize(
 
 
 def _transformed(
-    values: Tensor, signs: Tensor, fmt: BlockFormat, hadamard: int
+    values: Tensor, signs: Tensor | None, fmt: BlockFormat, hadamard: int
 ) -> tuple[Tensor, Tensor | None]:
     """(the values the format sees, each block's 2^P where its transform's sums could overflow, else 1;
     None without the transform or under TE's rule, which does not prescale: see the module)."""
@@ -254,7 +257,7 @@ def _finish_statistic(largest: Tensor, fmt: BlockFormat) -> Tensor:
 def _quantize_finite(
     values: Tensor,
     statistic: Tensor,
-    signs: Tensor,
+    signs: Tensor | None,
     fmt: BlockFormat,
     plan: RoundingPlan,
     random: Tensor | None,

@@ -27,7 +27,6 @@ from torch import Tensor
 
 from gradcomp._backend import KERNEL_DTYPES, Backend, check_float, use_triton
 from gradcomp.block_format import check_transform_size, prescale_shift, transform_norm
-from gradcomp.choices import MAX_BLOCK
 from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.rng import SIGN_COUNTER, random_bits
 
@@ -95,20 +94,17 @@ def prescales(amax: Tensor, hadamard: int) -> tuple[Tensor, Tensor]:
     return torch.where(big, 2.0**-shift, 1.0), torch.where(big, 2.0**shift, 1.0)
 
 
-# 1/sqrt(n) in float32 for every transform size, looked up (not computed) inside compiled chunk functions
-NORMS = {1 << k: transform_norm(1 << k) for k in range(1, MAX_BLOCK.bit_length())}
-
-
 def butterfly(values: Tensor) -> Tensor:
-    """H v / sqrt(n) along the last axis (n a power of two), float32, in the kernel's order of operations
-    (stage s: the sums and differences of the elements 2^s apart; no `out=` writes, which torch.compile
-    cannot trace)."""
+    """H v / sqrt(n) along the last axis (n a power of two), float32, in the kernel's order of operations."""
     size = values.shape[-1]
     lead = values.shape[:-1]
-    half = 1
-    while half < size:
+    buffers = [torch.empty_like(values, memory_format=torch.contiguous_format) for _ in range(2)]
+    half, stage = 1, 0
+    while half < size:  # sums and differences into one buffer, then the other (the input is not written)
         pairs = values.reshape(*lead, size // (2 * half), 2, half)
-        first, second = pairs[..., 0, :], pairs[..., 1, :]
-        values = torch.stack((first + second, first - second), dim=-2).reshape(*lead, size)
-        half *= 2
-    return values * NORMS[size]
+        into = buffers[stage % 2].view(pairs.shape)
+        torch.add(pairs[..., 0, :], pairs[..., 1, :], out=into[..., 0, :])
+        torch.sub(pairs[..., 0, :], pairs[..., 1, :], out=into[..., 1, :])
+        values = buffers[stage % 2]
+        half, stage = half * 2, stage + 1
+    return values * transform_norm(size)
