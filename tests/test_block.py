@@ -237,6 +237,20 @@ def test_te_nvfp4_is_transformer_engines_cast():
     assert (torchao_rule != 0).any()
 
 
+def test_te_nvfp4_beyond_float32_over_448_stays_finite():
+    """TE's decode factor, scale * amax * (1 / 2688), overflows where the tensor's largest magnitude exceeds
+    float32's largest value / 448: taken in the other order there, the result is that of the tensor scaled
+    down by 2^64, scaled back (to float32 rounding), and finite."""
+    big = torch.linspace(-1, 1, 64).reshape(4, 16) * 3e38
+    got = quantize_block(big, "e2m1fn", 16, "e4m3fn", scale_rule="te")
+    scaled = quantize_block(big * 2.0**-64, "e2m1fn", 16, "e4m3fn", scale_rule="te") * 2.0**64
+    assert torch.isfinite(got).all() and torch.allclose(got, scaled, rtol=1e-6, atol=0)
+
+
+def test_te_nvfp4_beyond_float32_over_448_matches_on_both_backends(kernel_device):
+    _same_on_both_backends(torch.linspace(-1, 1, 64).reshape(4, 16) * 3e38, **NVFP4, scale_rule="te")
+
+
 def test_elements_land_on_the_grid_times_the_scale_and_saturate():
     x = torch.tensor([[1.99, 1.0, 0.3, -0.01] + [0.0] * 28])  # amax 1.99: floor puts it at 2^2 * 1.99 > 6
     for rule, scale in (("floor", 2.0**-2), ("ceil", 2.0**-1)):

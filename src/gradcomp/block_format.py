@@ -23,8 +23,10 @@ a scale format:
   block's decode scale amax(block) * (s_enc * (1 / max_value)) rounded to nearest E4M3 and saturating at
   448 but not clamped below, so a block whose scale underflows E4M3 decodes to zero; elements multiplied by
   1 / (decode * (1 / s_enc)), the rounded values by decode * amax(tensor) * (1 / (448 * max_value)) (TE's
-  dequantization). It rounds the scale to nearest, so with stochastic rounding a block's largest values
-  may saturate and E[out] < x there, as in TE's recipe.
+  dequantization; where amax(tensor) exceeds float32's largest value / 448 that product overflows in TE,
+  and is taken as decode * (amax(tensor) * (1 / (448 * max_value))) instead). It rounds the scale to
+  nearest, so with stochastic rounding a block's largest values may saturate and E[out] < x there, as in
+  TE's recipe.
 
 Stochastic rounding is unbiased only where nothing saturates: under ``floor`` a block's largest values are
 clipped to max_value and E[out] < x there (about 1.3 % of the gradient's magnitude for MXFP4). So

@@ -157,6 +157,7 @@ def _block_kernel(
             coefficient = tl.minimum(tl.math.div_rn(tl.zeros_like(decode) + 1.0, decode), FLOAT32_MAX)
             scaled = magnitude * coefficient
             total = block_scale * largest * TE_DECODE
+            total = tl.where(tl.abs(total) < float("inf"), total, block_scale * (largest * TE_DECODE))
         elif PER_TENSOR:
             tensor_scale = tl.load(tensor_scale_ptr)
             block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale) * unscale

@@ -340,7 +340,9 @@ def _te_scales(amax: Tensor, fmt: BlockFormat, largest: Tensor) -> tuple[Tensor,
     block_scale = amax * (encode * reciprocal_max)
     block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, SCALE_PLAN, FLOAT32)
     coefficient = torch.clamp_max(1.0 / (block_scale * (1.0 / encode)), FLOAT32_MAX)
-    return coefficient, block_scale * largest * decode_max
+    decode = block_scale * largest * decode_max
+    # TE's order overflows where the tensor's largest magnitude exceeds FLT_MAX / 448: the other order there
+    return coefficient, torch.where(torch.isfinite(decode), decode, block_scale * (largest * decode_max))
 
 
 def _nvfp4_scales(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None, tensor_scale: Tensor) -> Tensor:
