@@ -49,3 +49,20 @@ def test_a_config_whose_design_cannot_decide_a_claim_is_refused_before_running()
     config["experiments"]["B3"]["seeds"] = [0]
     with pytest.raises(ValueError, match=r"experiments\.B3\.seeds: run qat8 is measured at 1 seed"):
         check_config(config)
+
+
+def test_claims_another_configuration_decides_itself_are_cited_as_its_replications(tmp_path):
+    from gradcomp.analysis.summary import _cited
+
+    def record(path: str, claims: list[dict], facts: dict) -> None:
+        data = {"id": "", "title": "", "caption": "", "tables": {}, "comparisons": [], "findings": []}
+        (tmp_path / path).write_text(json.dumps(data | {"claims": claims, "facts": facts}))
+
+    row = {"claim": "F1", "status": "shown", "evidence": "e", "seeds": "3 seeds", "scale": "s"}
+    x4 = {"claim": "L6", "status": "inconclusive", "evidence": "x4", "seeds": "6 seeds", "scale": "t"}
+    record("F1_stalls.json", [row], {})
+    record("X4_budget.json", [], {"replications": [x4]})
+    record("Z9_other.json", [x4 | {"evidence": "own"}], {})
+    cited = _cited(tmp_path)["replications"]
+    assert cited["F1"]["status"] == "shown" and cited["F1"]["where"] == tmp_path.name
+    assert cited["L6"]["evidence"] == "x4"  # X4's citation comes first

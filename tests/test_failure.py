@@ -57,7 +57,7 @@ def test_f1_is_decided_by_the_per_seed_rank_correlation_of_loss_with_time_below(
         for i in range(6)
     ]
     settings = Stalls(runs=("r0",), baseline=("b",))
-    comparisons = compare(failure._correlation_pairs(settings, rows))
+    comparisons = compare(failure._correlation_pairs(settings, rows, "a scale"))
     deciding = [c for c in comparisons if c.family == "F1"]
     assert len(deciding) == 1 and deciding[0].difference == pytest.approx(1.0)
     assert deciding[0].verdict == "better"  # every seed ranks perfectly: above the 0.5 margin

@@ -307,9 +307,10 @@ def _run_rows(settings: Stalls, models: WithinModels, histories: Histories) -> l
     return rows
 
 
-def _correlation_pairs(settings: Stalls, rows: list[dict]) -> list[Pair]:
-    """Per kind of R, per seed: Spearman's correlation over the runs between the accuracy loss and the
-    share of time below the threshold, against `correlation_margin` (F1 decided by the measured R)."""
+def _correlation_pairs(settings: Stalls, rows: list[dict], scale: str) -> list[Pair]:
+    """Per kind of R, per seed: Spearman's correlation over the runs (trained at `scale`) between the
+    accuracy loss and the share of time below the threshold, against `correlation_margin` (F1 decided by
+    the measured R)."""
     pairs = []
     for kind in KINDS:
         per_seed = {}
@@ -330,6 +331,7 @@ def _correlation_pairs(settings: Stalls, rows: list[dict]) -> list[Pair]:
             higher_is_better=True,
             role=SPEARMAN,
             arm=kind,
+            scale=scale,
         )
         pairs += deciding("F1", [pair]) if kind == "measured" else [pair]
     return pairs
@@ -401,7 +403,8 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
         for seed, run in group.runs.items()
     }
     rows = _run_rows(settings, models, histories)
-    correlations = compare(_correlation_pairs(settings, rows))
+    scale = "; ".join(dict.fromkeys(group.scale for group in models.arms))
+    correlations = compare(_correlation_pairs(settings, rows, scale))
     l7, held_out, cutoff = _l7(settings, rows, models, outcomes)
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
     per_run = PerSeed(("run", "label"), {f"{kind}_below": FRACTION for kind in KINDS} | {"gap_pt": LINEAR})

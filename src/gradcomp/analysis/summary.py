@@ -36,14 +36,18 @@ it. Tables also give the sign consistency over seeds and the difference the seed
 
 
 def _cited(folder: Path) -> dict[str, dict[str, dict]]:
-    """The decisions another configuration's records cite for this one's claims (X4: each claim replicated on
-    other seeds, and at the longest budget), by kind and claim."""
+    """The decisions another configuration's records cite for this one's claims, by kind and claim: X4's
+    (each claim replicated on other seeds, and at the longest budget), and every claim the other
+    configuration decides itself (on its own seeds, at the scale it names) as a replication."""
     cited: dict[str, dict[str, dict]] = {}
-    for path in sorted(folder.glob("*.json")) if folder.is_dir() else []:
-        facts = Record.load(path).facts
+    records = [Record.load(path) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
+    for record in records:
         for kind in ("replications", "converged"):
-            for row in facts.get(kind, []):
+            for row in record.facts.get(kind, []):
                 cited.setdefault(kind, {})[row["claim"]] = row | {"where": folder.name}
+    for record in records:
+        for row in record.claims:
+            cited.setdefault("replications", {}).setdefault(row["claim"], row | {"where": folder.name})
     return cited
 
 
