@@ -123,6 +123,9 @@ BLOCK_CASES = [
         "stochastic",
     ),
     ({"element": "e2m1fn", "scale_rule": "three_quarters", "hadamard": 32, "signs": 3}, "stochastic"),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "float8_e3m4"}, "nearest"),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "e5m3fnu", "scale_rule": "ceil"}, "stochastic"),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "scale_rule": "four_over_six"}, "stochastic"),
 ]
 
 

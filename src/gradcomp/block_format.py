@@ -13,20 +13,31 @@ a scale format:
   1.5 * 2^emax <= max_value and nothing saturates (every OCP FP element; emax >= 2 keeps 2^(k+2) a
   float32), computed as (x 2^-(k+2)) 3 and (q / 3) 2^(k+2): their 3x / 2^(k+2) and q 2^(k+2) / 3 but
   where these overflow or pass through a subnormal. An all-zero block gets k = -127.
-* ``"e4m3fn"`` (NVFP4): a float32 per-tensor scale s = amax(tensor) / (448 * max_value) maps the largest
-  block scale to E4M3's top; each block's scale is amax(block) / max_value / s, clamped to [2^-6, 448] and
-  rounded to E4M3; elements are divided by s times it. ``rule="floor"``: rounded to nearest (ties to even),
-  torchao's NVFP4 reference, where a block scale rounded down saturates the block's largest values;
-  ``rule="ceil"``: rounded up, so nothing saturates (but for float32's rounding of the two divisions, at
-  most 2^-22 of the block's largest value). ``rule="te"``: Transformer Engine's NVFP4 cast
-  (`te_constants`): the encode scale s_enc = 448 * max_value / amax(tensor) (1 for a tensor of zeros), each
-  block's decode scale amax(block) * (s_enc * (1 / max_value)) rounded to nearest E4M3 and saturating at
-  448 but not clamped below, so a block whose scale underflows E4M3 decodes to zero; elements multiplied by
-  1 / (decode * (1 / s_enc)), the rounded values by decode * amax(tensor) * (1 / (448 * max_value)) (TE's
-  dequantization; where amax(tensor) exceeds float32's largest value / 448 that product overflows in TE,
-  and is taken as decode * (amax(tensor) * (1 / (448 * max_value))) instead). It rounds the scale to
-  nearest, so with stochastic rounding a block's largest values may saturate and E[out] < x there, as in
-  TE's recipe.
+* ``"e4m3fn"`` (NVFP4), ``"float8_e3m4"`` and ``"e5m3fnu"`` (UE5M3), the two-level scales, each the ml_dtypes
+  dtype of its name (largest values S_max = 448, 15.5 and 114688; smallest normals 2^-6, 2^-2 and 2^-14): a
+  float32 per-tensor scale s = amax(tensor) / (S_max * max_value) maps the largest block scale to S_max; each
+  block's scale is amax(block) / max_value / s, clamped to [smallest normal, S_max] and rounded to the scale
+  format; elements are divided by s times it (torchao's NVFP4 reference, with E4M3's constants those of the
+  scale format). ``rule="floor"``: rounded to nearest (ties to even), where a block scale rounded down
+  saturates the block's largest values; ``rule="ceil"``: rounded up, so nothing saturates (but for float32's
+  rounding of the two divisions, at most 2^-22 of the block's largest value). ``rule="te"`` (E4M3 only):
+  Transformer Engine's NVFP4 cast (`te_constants`): the encode scale s_enc = 448 * max_value / amax(tensor) (1
+  for a tensor of zeros), each block's decode scale amax(block) * (s_enc * (1 / max_value)) rounded to nearest
+  E4M3 and saturating at 448 but not clamped below, so a block whose scale underflows E4M3 decodes to zero;
+  elements multiplied by 1 / (decode * (1 / s_enc)), the rounded values by decode * amax(tensor) * (1 / (448 *
+  max_value)) (TE's dequantization; where amax(tensor) exceeds float32's largest value / 448 that product
+  overflows in TE, and is taken as decode * (amax(tensor) * (1 / (448 * max_value))) instead). It rounds the
+  scale to nearest, so with stochastic rounding a block's largest values may saturate and E[out] < x there, as
+  in TE's recipe. ``rule="four_over_six"`` (E2M1 elements, E4M3 scale; Four Over Six, arXiv 2512.02010, as
+  its authors' code computes it: mit-han-lab/fouroversix, `nvfp4_fouroversix_block_scaled_quantization`):
+  the encode scale e = min(1536 / amax(tensor), float32's largest) (6 * 256, so that a block scale times 1.5
+  still fits E4M3), each block's two candidate scales s6 = E4M3((amax(block) / 6) * e) and s4 = E4M3(that
+  product * 1.5) (nearest, subnormals kept, no clamp), elements times 1 / ((1 / e) * s) (0 where s = 0)
+  rounded and saturated to 6, dequantized as ((q * s) * amax(tensor)) / 1536 (where that overflows float32,
+  q * s * (amax(tensor) / 1536)); the block takes s4 where its sum of squared errors is strictly smaller
+  (summed in pairs: neighbours first, then neighbouring pairs, the same on both backends). With stochastic
+  rounding both candidates see the same random bits, as in the authors' kernels; the choice then depends on
+  the draw, so the result is not unbiased.
 
 Stochastic rounding is unbiased only where nothing saturates: under ``floor`` a block's largest values are
 clipped to max_value and E[out] < x there (about 1.3 % of the gradient's magnitude for MXFP4). So
@@ -48,15 +59,10 @@ import numpy as np
 from gradcomp.choices import BLOCK_SCALES, MAX_BLOCK, SCALE_RULES, is_integer
 from gradcomp.formats import DTYPE_FORMATS, DTYPE_LOOKALIKES, FPFormat, parse_format
 
-SCALE_BITS = 8  # both scale formats
-NVFP4_SCALE_MAX = 448.0  # E4M3's largest value: the per-tensor scale puts the largest block scale there
-NVFP4_SCALE_MIN = 2.0**-6  # block scales are clamped here from below (E4M3's smallest normal, as torchao)
-# the per-tensor scale is at least this, so that times the smallest block scale it is a normal float32
-NVFP4_TENSOR_SCALE_FLOOR = 2.0**-120
+SCALE_BITS = 8  # every scale format
+NVFP4_SCALE_MAX = 448.0  # E4M3's largest value: TE's per-tensor scale puts the largest block scale there
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # TE's scales saturate here (1 / 0 for a zero block scale)
-E4M3_ULP_BITS = (
-    1 << 20
-)  # an E4M3 normal's last mantissa bit (of 3) in float32's bits: ceil clears those below
+SCALE_LABELS = {"e8m0fnu": "E8M0", "e4m3fn": "E4M3", "float8_e3m4": "E3M4", "e5m3fnu": "UE5M3"}
 
 
 def _power_of_two(value: object, low: int) -> bool:
@@ -103,8 +109,13 @@ class BlockFormat:
             raise ValueError(f"scale must be one of {BLOCK_SCALES}, got {self.scale!r}")
         if self.rule not in SCALE_RULES:
             raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.rule!r}")
-        if self.rule == "te" and self.scale != "e4m3fn":
+        if self.rule == "te" and self.scale != "e4m3fn":  # TE's constants are E4M3's
             raise ValueError("scale_rule='te' is Transformer Engine's NVFP4 cast: it takes scale='e4m3fn'")
+        if self.rule == "four_over_six" and (self.scale != "e4m3fn" or fmt.max_value != 6.0):
+            raise ValueError(
+                "scale_rule='four_over_six' maps an NVFP4 block's largest value to 6 or 4: it takes "
+                "scale='e4m3fn' and an element of largest value 6 (e2m1fn)"
+            )
         element = self._element
         if self.rule == "three_quarters" and (
             self.scale != "e8m0fnu" or element.emax < 2 or element.max_value < 1.5 * 2.0**element.emax
@@ -131,8 +142,36 @@ class BlockFormat:
 
     @property
     def per_tensor(self) -> bool:
-        """Whether a float32 per-tensor scale sits above the block scales (NVFP4)."""
-        return self.scale == "e4m3fn"
+        """Whether a float32 per-tensor scale sits above the block scales (the two-level formats)."""
+        return self.scale != "e8m0fnu"
+
+    @property
+    def from_tensor_max(self) -> bool:
+        """Whether the scales come from the tensor's largest magnitude in the encode-scale order (TE's and
+        Four Over Six's) rather than torchao's per-tensor scale; these do not prescale the transform."""
+        return self.rule in ("te", "four_over_six")
+
+    @property
+    def scale_format(self) -> FPFormat:
+        """The block scales' format."""
+        return parse_format(self.scale)
+
+    @property
+    def scale_range(self) -> tuple[float, float]:
+        """A two-level format's block scales are clamped to these: its smallest normal and largest value."""
+        scale = self.scale_format
+        return 2.0**scale.emin, scale.max_value
+
+    @property
+    def tensor_scale_floor(self) -> float:
+        """The per-tensor scale is at least this, so that times the smallest block scale it is a normal
+        float32 (2^-120 for E4M3)."""
+        return 2.0 ** (-126 - self.scale_format.emin)
+
+    @property
+    def scale_ulp_bits(self) -> int:
+        """A block scale's last mantissa bit in float32's bits: ``ceil`` rounds up by clearing those below."""
+        return 1 << (23 - self.scale_format.man_bits)
 
     @property
     def bits_per_element(self) -> float:
@@ -145,11 +184,12 @@ class BlockFormat:
             if preset == dataclasses.replace(self, rule="floor"):
                 return name.upper() + RULE_LABELS[self.rule]
         fmt = self._element
-        scale = ("E8M0" if self.scale == "e8m0fnu" else "E4M3") + RULE_LABELS[self.rule]
+        scale = SCALE_LABELS[self.scale] + RULE_LABELS[self.rule]
         return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}"
 
 
-RULE_LABELS = {"floor": "", "ceil": " ceil", "te": " TE", "three_quarters": " 3/4"}
+RULE_LABELS = {"floor": "", "ceil": " ceil", "te": " TE", "three_quarters": " 3/4", "four_over_six": " 4/6"}
+FOUR_OVER_SIX_ENCODE = 1536.0  # 6 * 256: Four Over Six's per-tensor encode numerator
 
 
 def default_rule(rounding: str) -> str:
@@ -172,8 +212,8 @@ def te_constants(max_value: float) -> tuple[float, float, float]:
 
 def check_rule(rule: str | None, rounding: str) -> str:
     """`rule`, or the rounding's default where it is None; ``floor`` with stochastic rounding is refused,
-    since saturation makes it biased (see the module); ``te`` takes stochastic rounding as TE does, and
-    ``three_quarters`` keeps it unbiased."""
+    since saturation makes it biased (see the module); ``te`` and ``four_over_six`` take stochastic rounding
+    as their sources do (biased, see the module), and ``three_quarters`` keeps it unbiased."""
     if rule is None:
         return default_rule(rounding)
     if rule == "floor" and rounding == "stochastic":

@@ -1,8 +1,8 @@
 """Triton kernel of `gradcomp.ops.quantize_block`: the torch implementation's operations in its order, on
 tiles of whole blocks (rows of block_size elements), so that the result is the same bit for bit. MX is one
-launch. NVFP4 needs the tensor's largest magnitude (after the transform) before any block: the same kernel
-first writes one maximum per program, one program turns them into the per-tensor scale, and the kernel
-runs again to quantize."""
+launch. The two-level formats (NVFP4) need the tensor's largest magnitude (after the transform) before any
+block: the same kernel first writes one maximum per program, one program turns them into the per-tensor
+scale, and the kernel runs again to quantize."""
 
 from __future__ import annotations
 
@@ -13,16 +13,13 @@ from torch import Tensor
 
 from gradcomp._backend import compute_layout
 from gradcomp.block_format import (
-    E4M3_ULP_BITS,
     FLOAT32_MAX,
+    FOUR_OVER_SIX_ENCODE,
     NVFP4_SCALE_MAX,
-    NVFP4_SCALE_MIN,
-    NVFP4_TENSOR_SCALE_FLOOR,
     BlockFormat,
     prescale_shift,
     transform_norm,
 )
-from gradcomp.formats import E4M3FN
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.fp_quant import _round_magnitude, _rounding_constants
 from gradcomp.kernels.hadamard import butterfly, transform_signs
@@ -34,7 +31,6 @@ from gradcomp.rounding import RoundingPlan, float_bits
 TILE = 2048  # elements per program
 PARTIALS_BLOCK = 1024
 FLOAT32 = compute_layout(torch.float32)
-SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # NVFP4's block scales
 
 
 @triton.jit
@@ -89,6 +85,9 @@ def _block_kernel(
     SIGN_COUNTER: tl.constexpr,
     MAXIMA_ONLY: tl.constexpr,
     TE: tl.constexpr,
+    FOUR_OVER_SIX: tl.constexpr,
+    TENSOR_MAX: tl.constexpr,
+    STAGES: tl.constexpr,
     THREE_QUARTERS: tl.constexpr,
     TE_ENCODE: tl.constexpr,
     TE_RECIPROCAL: tl.constexpr,
@@ -136,13 +135,39 @@ def _block_kernel(
     magnitude = tl.abs(transformed)
     amax = tl.max(magnitude, 1)[:, None]
     if MAXIMA_ONLY:  # the per-tensor scale's candidates, of the blocks as they are (not prescaled)
-        if TE:  # the tensor's largest magnitude
+        if TENSOR_MAX:  # the tensor's largest magnitude (TE, Four Over Six)
             tl.store(partial_ptr + tl.program_id(0), tl.max(amax))
         else:
             tl.store(
                 partial_ptr + tl.program_id(0),
                 tl.max(tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale),
             )
+    elif FOUR_OVER_SIX:
+        largest = tl.load(tensor_scale_ptr)
+        encode = tl.minimum(
+            tl.math.div_rn(tl.zeros_like(largest) + FOUR_OVER_SIX_ENCODE, largest), FLOAT32_MAX
+        )
+        decode = tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
+        six = tl.math.div_rn(amax, MAX_VALUE) * encode
+        random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
+        out6, scale6, error6 = _four_over_six_candidate(
+            magnitude, six, decode, largest, random, ROWS, SIZE, STAGES, MAX_VALUE, DISCARD,
+            TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD, S_TIE_OFFSET,
+            S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
+        )  # fmt: skip
+        out4, scale4, error4 = _four_over_six_candidate(
+            magnitude, six * 1.5, decode, largest, random, ROWS, SIZE, STAGES, MAX_VALUE, DISCARD,
+            TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD, S_TIE_OFFSET,
+            S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
+        )  # fmt: skip
+        four = error4 < error6
+        # a block at a zero scale has +0 elements (the authors' code): no sign to keep
+        transformed = tl.where(tl.where(four, scale4, scale6) > 0.0, transformed, 0.0)
+        _finish(
+            tl.where(four, out4, out6), transformed, values, raw, finite, signs, unscale, offsets, inside,
+            rows, columns, row_blocks, length, out_ptr, zeros_ptr, ROWS, SIZE, H, H_STAGES, H_NORM,
+            NEGATIVE_ZERO, OUT_MAX, COUNT_ZEROS,
+        )  # fmt: skip
     else:
         if TE:
             largest = tl.load(tensor_scale_ptr)
@@ -193,21 +218,69 @@ def _block_kernel(
         )  # fmt: skip
         if THREE_QUARTERS:
             rounded = tl.math.div_rn(rounded, tl.zeros_like(rounded) + 3.0)
-        out = rounded * total
-        sign = transformed.to(tl.int32, bitcast=True) & -2147483648
-        if not NEGATIVE_ZERO:
-            sign = tl.where(out == 0.0, 0, sign)
-        out = (out.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-        if H > 0:
-            groups = tl.reshape(out, [ROWS * SIZE // H, H])
-            out = signs * butterfly(groups, ROWS * SIZE // H, H, H_STAGES, H_NORM)
-            out = tl.reshape(out, [ROWS, SIZE]) * unscale
-        out = tl.where(finite, tl.minimum(tl.maximum(out, -OUT_MAX), OUT_MAX), values)
-        stored = to_storage(out, raw.dtype)
-        tl.store(out_ptr + offsets, stored, mask=inside)
-        if COUNT_ZEROS:  # the padding of a trailing block is not the output's
-            kept = inside & ((rows % row_blocks)[:, None] * SIZE + columns[None, :] < length)
-            tl.atomic_add(zeros_ptr, tl.sum(tl.sum(((stored == 0.0) & kept).to(tl.int64), 1), 0))
+        _finish(
+            rounded * total, transformed, values, raw, finite, signs, unscale, offsets, inside, rows, columns,
+            row_blocks, length, out_ptr, zeros_ptr, ROWS, SIZE, H, H_STAGES, H_NORM, NEGATIVE_ZERO, OUT_MAX,
+            COUNT_ZEROS,
+        )  # fmt: skip
+
+
+@triton.jit
+def _finish(out, transformed, values, raw, finite, signs, unscale, offsets, inside, rows, columns, row_blocks,
+            length, out_ptr, zeros_ptr, ROWS: tl.constexpr, SIZE: tl.constexpr, H: tl.constexpr,
+            H_STAGES: tl.constexpr, H_NORM: tl.constexpr, NEGATIVE_ZERO: tl.constexpr, OUT_MAX: tl.constexpr,
+            COUNT_ZEROS: tl.constexpr):  # fmt: skip
+    """The dequantized magnitudes `out` with the transformed values' signs, transformed back, non-finite
+    inputs passed through, stored (and their zeros counted)."""
+    sign = transformed.to(tl.int32, bitcast=True) & -2147483648
+    if not NEGATIVE_ZERO:
+        sign = tl.where(out == 0.0, 0, sign)
+    out = (out.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
+    if H > 0:
+        groups = tl.reshape(out, [ROWS * SIZE // H, H])
+        out = signs * butterfly(groups, ROWS * SIZE // H, H, H_STAGES, H_NORM)
+        out = tl.reshape(out, [ROWS, SIZE]) * unscale
+    out = tl.where(finite, tl.minimum(tl.maximum(out, -OUT_MAX), OUT_MAX), values)
+    stored = to_storage(out, raw.dtype)
+    tl.store(out_ptr + offsets, stored, mask=inside)
+    if COUNT_ZEROS:  # the padding of a trailing block is not the output's
+        kept = inside & ((rows % row_blocks)[:, None] * SIZE + columns[None, :] < length)
+        tl.atomic_add(zeros_ptr, tl.sum(tl.sum(((stored == 0.0) & kept).to(tl.int64), 1), 0))
+
+
+@triton.jit
+def _four_over_six_candidate(magnitude, high, decode, largest, random, ROWS: tl.constexpr, SIZE: tl.constexpr,
+                             STAGES: tl.constexpr, MAX_VALUE: tl.constexpr, DISCARD: tl.constexpr,
+                             TIE_OFFSET: tl.constexpr, MIN_NORMAL_BITS: tl.constexpr, MAGIC: tl.constexpr,
+                             TO_Q0: tl.constexpr, TO_Q1: tl.constexpr, FROM_Q0: tl.constexpr,
+                             FROM_Q1: tl.constexpr, S_DISCARD: tl.constexpr, S_TIE_OFFSET: tl.constexpr,
+                             S_MIN_NORMAL_BITS: tl.constexpr, S_MAGIC: tl.constexpr, S_TO_Q0: tl.constexpr,
+                             S_TO_Q1: tl.constexpr, S_FROM_Q0: tl.constexpr, S_FROM_Q1: tl.constexpr,
+                             STOCHASTIC: tl.constexpr):  # fmt: skip
+    """One of a block's two Four Over Six scales (`gradcomp.ops.block._four_over_six`): (the dequantized
+    magnitudes, the E4M3 scale, each row's sum of squared errors, summed as `pairwise_sum`)."""
+    scale = _round_magnitude(
+        high, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0,
+        S_FROM_Q1, False,
+    )  # fmt: skip
+    inverse = tl.math.div_rn(tl.zeros_like(scale) + 1.0, decode * scale)
+    scaled = tl.where(scale > 0.0, magnitude * inverse, 0.0)
+    rounded = _round_magnitude(
+        tl.minimum(scaled, MAX_VALUE), random, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC,
+        TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, STOCHASTIC,
+    )  # fmt: skip
+    product = rounded * scale
+    out = tl.math.div_rn(product * largest, tl.zeros_like(product) + FOUR_OVER_SIX_ENCODE)
+    other = product * tl.math.div_rn(largest, FOUR_OVER_SIX_ENCODE)
+    out = tl.where(tl.abs(out) < float("inf"), out, other)
+    error = (out - magnitude) * (out - magnitude)
+    for stage in tl.static_range(STAGES):  # pairwise, in place: every element ends with its row's sum
+        half: tl.constexpr = 1 << stage
+        pairs = tl.permute(tl.reshape(error, [ROWS, SIZE // (2 * half), 2, half]), (0, 1, 3, 2))
+        first, second = tl.split(pairs)
+        pairs = tl.permute(tl.join(first + second, first + second), (0, 1, 3, 2))
+        error = tl.reshape(pairs, [ROWS, SIZE])
+    return out, scale, tl.max(error, 1)[:, None]
 
 
 @triton.jit
@@ -243,12 +316,15 @@ def quantize_block_triton(
     out = torch.empty_like(blocks)
     element = fmt.element_format
     plan = RoundingPlan.build(element, FLOAT32)
+    scale_plan = RoundingPlan.build(fmt.scale_format, FLOAT32)  # TE's: E4M3 (block_format)
+    scale_min, scale_max = fmt.scale_range
     rows = max(1, TILE // size)
     programs = triton.cdiv(rows_total, rows)
     k0, k1 = seed_keys(seed)
     s0, s1 = seed_keys(sign_seed) if sign_seed is not None else (0, 0)
     shift = prescale_shift(hadamard)
     te = fmt.rule == "te"
+    from_tensor_max = fmt.from_tensor_max
     te_encode, te_reciprocal, te_decode = fmt.te_constants
     constants = dict(
         SIZE=size,
@@ -256,7 +332,9 @@ def quantize_block_triton(
         H=hadamard,
         H_STAGES=max(hadamard.bit_length() - 1, 0),
         H_NORM=transform_norm(hadamard) if hadamard else 1.0,
-        H_BIG=float("inf") if te else 2.0 ** (127 - shift),  # TE does not prescale
+        H_BIG=float("inf")
+        if from_tensor_max
+        else 2.0 ** (127 - shift),  # TE and Four Over Six do not prescale
         H_DOWN=2.0**-shift,
         H_UP=2.0**shift,
         SIGNS=sign_seed is not None,
@@ -269,18 +347,21 @@ def quantize_block_triton(
         DISCARD=plan.discard_bits,
         TIE_OFFSET=plan.tie_offset,
         **_rounding_constants(plan),
-        S_DISCARD=SCALE_PLAN.discard_bits,
-        S_TIE_OFFSET=SCALE_PLAN.tie_offset,
-        **{f"S_{key}": value for key, value in _rounding_constants(SCALE_PLAN).items()},
-        S_ULP=E4M3_ULP_BITS,
+        S_DISCARD=scale_plan.discard_bits,
+        S_TIE_OFFSET=scale_plan.tie_offset,
+        **{f"S_{key}": value for key, value in _rounding_constants(scale_plan).items()},
+        S_ULP=fmt.scale_ulp_bits,
         TE=te,
+        FOUR_OVER_SIX=fmt.rule == "four_over_six",
+        TENSOR_MAX=from_tensor_max,
+        STAGES=size.bit_length() - 1,
         THREE_QUARTERS=fmt.rule == "three_quarters",
         TE_ENCODE=te_encode,
         TE_RECIPROCAL=te_reciprocal,
         TE_DECODE=te_decode,
         FLOAT32_MAX=FLOAT32_MAX,
-        SCALE_MIN=NVFP4_SCALE_MIN,
-        SCALE_MAX=NVFP4_SCALE_MAX,
+        SCALE_MIN=scale_min,
+        SCALE_MAX=NVFP4_SCALE_MAX if te else scale_max,
         NEGATIVE_ZERO=plan.negative_zero,
         OUT_MAX=float(torch.finfo(blocks.dtype).max),
         COUNT_ZEROS=zeros is not None,
@@ -301,7 +382,7 @@ def quantize_block_triton(
             partials,
             programs,
             tensor_scale,
-            FLOOR=0.0 if te else NVFP4_TENSOR_SCALE_FLOOR,
+            FLOOR=0.0 if from_tensor_max else fmt.tensor_scale_floor,
             BLOCK=PARTIALS_BLOCK,
         )
         args[3] = tensor_scale

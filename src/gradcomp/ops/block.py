@@ -7,13 +7,16 @@ saturating at its largest value, and multiplied back by their scale. Everything 
 
 * MX (e8m0fnu): the scale's exponent comes from amax's bits, exactly (no log2); elements are multiplied by
   2^-k and the rounded values by 2^k, both exact unless the product is a float32 subnormal;
-* NVFP4 (e4m3fn): the per-tensor scale s = amax / (448 * max_value) (division rounded to float32, at least
-  2^-120 so that s times the smallest block scale stays a normal float32; torchao's gives NaN for a tensor of
-  zeros), the block scale amax(block) / max_value / s (two rounded divisions), clamped and rounded to E4M3,
-  the elements divided by s * (block scale) (rounded product and quotient), the rounded values multiplied by
-  it: torchao's reference operations in its order;
+* two-level scales (NVFP4's e4m3fn, float8_e3m4, e5m3fnu): the per-tensor scale s = amax / (S_max *
+  max_value) (division rounded to float32, at least 2^(-126 - emin) so that s times the smallest block scale
+  stays a normal float32; torchao's gives NaN for a tensor of zeros), the block scale amax(block) /
+  max_value / s (two rounded divisions), clamped and rounded to the scale format, the elements divided by
+  s * (block scale) (rounded product and quotient), the rounded values multiplied by it: torchao's reference
+  operations in its order;
 * NVFP4 with scale_rule "te": Transformer Engine's operations in its order (`gradcomp.block_format`): no
-  lower clamp, so blocks whose scale underflows E4M3 decode to zero.
+  lower clamp, so blocks whose scale underflows E4M3 decode to zero;
+* NVFP4 with scale_rule "four_over_six": its authors' operations in their order (`gradcomp.block_format`),
+  both candidates quantized and the one of smaller squared error kept.
 
 With `hadamard` = n, each group of n elements of a block is transformed (`gradcomp.ops.hadamard`, signs from
 the seed) before the scales are taken, and the quantized values are transformed back: the result is what a
@@ -25,10 +28,10 @@ padded with zeros: its scale is that of the elements it has.
 Range: with the transform, a block whose largest finite magnitude reaches 2^(127 - P), P = 2 log2(hadamard)
 + 2 (2^115 for hadamard=32), is computed as 2^P times the result for the block times 2^-P (exact, as the
 scales are powers of two or divided through, but for values below 2^(P - 126), which lie far below the
-block's rounding error), so that no sum of the butterflies overflows float32. The "te" rule does as TE does
-and does not prescale: there such a block's transform overflows and the whole tensor's result with it
-(non-finite). Results beyond the dtype's
-largest finite value (an exact result of a value within a rounding step of it) saturate there.
+block's rounding error), so that no sum of the butterflies overflows float32. The "te" and "four_over_six"
+rules do as their sources do and do not prescale: there such a block's transform overflows and the whole
+tensor's result with it (non-finite). Results beyond the dtype's largest finite value (an exact result of a
+value within a rounding step of it) saturate there.
 """
 
 from __future__ import annotations
@@ -41,11 +44,9 @@ from torch import Tensor
 
 from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
 from gradcomp.block_format import (
-    E4M3_ULP_BITS,
     FLOAT32_MAX,
+    FOUR_OVER_SIX_ENCODE,
     NVFP4_SCALE_MAX,
-    NVFP4_SCALE_MIN,
-    NVFP4_TENSOR_SCALE_FLOOR,
     BlockFormat,
     check_rule,
     check_transform_size,
@@ -61,14 +62,14 @@ from gradcomp.rng import chunk_counter, hash_counter, random_bits, resolve_seed
 from gradcomp.rounding import RoundingPlan
 
 FLOAT32 = compute_layout(torch.float32)
-SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # NVFP4's block scales, clamped below its largest value
+TE_SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # TE's block scales, saturated at E4M3's largest value
 
 
 def quantize_block(
     x: Tensor,
     element: FPFormat | str,
     block_size: int = 32,
-    scale: Literal["e8m0fnu", "e4m3fn"] = "e8m0fnu",
+    scale: Literal["e8m0fnu", "e4m3fn", "float8_e3m4", "e5m3fnu"] = "e8m0fnu",
     axis: int = -1,
     rounding: Rounding = "nearest",
     seed: int | None = None,
@@ -81,7 +82,8 @@ def quantize_block(
     """x in a block-scaled format (see the module), dequantized: x's dtype and shape.
 
     element: the element format (e.g. "e4m3fn", "e3m2fn", "e2m1fn"); block_size: a power of two up to 256
-    (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX) or "e4m3fn" (NVFP4's two-level scale); scale_rule: "floor"
+    (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX), or a two-level scale: "e4m3fn" (NVFP4), "float8_e3m4" or
+    "e5m3fnu" (UE5M3); scale_rule: "floor"
     (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao), "ceil" (nothing saturates) or "te"
     (NVFP4 as Transformer Engine casts it; stochastic rounding allowed, biased where blocks saturate), None
     for floor with nearest and ceil with stochastic rounding (floor with stochastic rounding is refused: it
@@ -144,7 +146,8 @@ def quantize_blocks(
     """The torch implementation on rows of block_size elements (the oracle of the kernel). Where every value
     is finite it runs over chunks of rows, after one pass for the per-tensor statistic where the format has
     one, compiled on CPU (`CpuCompiled`) but with the transform (its unrolled butterflies took inductor
-    minutes to compile: those chunks run eagerly); else `_quantize` on the whole tensor."""
+    minutes to compile) and under Four Over Six (inductor's fusion of its two candidates changed which one
+    some blocks chose): those chunks run eagerly; else `_quantize` on the whole tensor."""
     values = blocks.float()
     if not torch.isfinite(values.sum()):  # a host sync, harmless on this path
         return _quantize(blocks, fmt, stochastic, seed, hadamard, sign_seed).out.to(blocks.dtype)
@@ -154,18 +157,23 @@ def quantize_blocks(
     chunks = [(start, values[start : start + step]) for start in range(0, rows, step)]
     statistic = values.new_zeros(())
     statistic_of, quantized_of = (
-        (_chunk_statistic.fn, _chunk_out.fn) if hadamard else (_chunk_statistic, _chunk_out)
+        (_chunk_statistic.fn, _chunk_out.fn)
+        if hadamard or fmt.rule == "four_over_six"
+        else (_chunk_statistic, _chunk_out)
     )
     if fmt.per_tensor:
         partial = torch.stack([statistic_of(chunk, signs, fmt, hadamard) for _, chunk in chunks])
         statistic = _finish_statistic(partial.amax(), fmt)
     out, out_max = torch.empty_like(blocks), torch.finfo(blocks.dtype).max
     plan = RoundingPlan.build(fmt.element_format, FLOAT32)
+    scale_plan = RoundingPlan.build(fmt.scale_format, FLOAT32)
     for start, chunk in chunks:
         counter = (
             chunk_counter(seed, chunk.numel(), blocks.device, start * size) if stochastic else (None,) * 3
         )
-        quantized = quantized_of(chunk, statistic, signs, *counter, fmt, plan, stochastic, hadamard, out_max)
+        quantized = quantized_of(
+            chunk, statistic, signs, *counter, fmt, plan, scale_plan, stochastic, hadamard, out_max
+        )
         out[start : start + step] = quantized.to(blocks.dtype)
     return out
 
@@ -187,6 +195,7 @@ def _chunk_out(
     high: Tensor | None,
     fmt: BlockFormat,
     plan: RoundingPlan,
+    scale_plan: RoundingPlan,
     stochastic: bool,
     hadamard: int,
     out_max: float,
@@ -194,7 +203,7 @@ def _chunk_out(
     """One chunk of finite rows quantized, given the tensor's statistic (`signs`: the transform's, None
     without it; the counter of its random bits, None without stochastic rounding)."""
     random = hash_counter(base, first, high).view(values.shape) if stochastic else None
-    return _quantize_finite(values, statistic, signs, fmt, plan, random, hadamard, out_max).out
+    return _quantize_finite(values, statistic, signs, fmt, plan, scale_plan, random, hadamard, out_max).out
 
 
 def _quantize(
@@ -216,8 +225,9 @@ def _quantize(
     )
     random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
     plan = RoundingPlan.build(fmt.element_format, FLOAT32)
+    scale_plan = RoundingPlan.build(fmt.scale_format, FLOAT32)
     out_max = torch.finfo(blocks.dtype).max
-    parts = _quantize_finite(kept, statistic, signs, fmt, plan, random, hadamard, out_max)
+    parts = _quantize_finite(kept, statistic, signs, fmt, plan, scale_plan, random, hadamard, out_max)
     return parts._replace(out=torch.where(finite, parts.out, values))
 
 
@@ -225,12 +235,13 @@ def _transformed(
     values: Tensor, signs: Tensor | None, fmt: BlockFormat, hadamard: int
 ) -> tuple[Tensor, Tensor | None]:
     """(the values the format sees, each block's 2^P where its transform's sums could overflow, else 1;
-    None without the transform or under TE's rule, which does not prescale: see the module)."""
+    None without the transform or under TE's and Four Over Six's rules, which do not prescale: see the
+    module)."""
     if not hadamard:
         return values, None
     rows, size = values.shape
     unscale = None
-    if fmt.rule != "te":
+    if not fmt.from_tensor_max:
         prescale, unscale = prescales(values.abs().amax(1, keepdim=True), hadamard)
         values = values * prescale
     return butterfly(values.view(rows, size // hadamard, hadamard) * signs).view(rows, size), unscale
@@ -238,19 +249,20 @@ def _transformed(
 
 def _tensor_statistic(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None) -> Tensor:
     """What a per-tensor scale is made of, as a maximum over blocks (so that chunks combine by max): TE's
-    largest magnitude; torchao's largest amax / (448 max_value) before its floor; 0 for MX."""
-    if fmt.rule == "te":
+    largest magnitude (and Four Over Six's); torchao's largest amax / (S_max max_value) before its floor;
+    0 for MX."""
+    if fmt.from_tensor_max:
         return amax.max()
     if fmt.per_tensor:
-        ratio = amax / (NVFP4_SCALE_MAX * fmt.element_format.max_value)
+        ratio = amax / (fmt.scale_range[1] * fmt.element_format.max_value)
         return (ratio if unscale is None else ratio * unscale).max()
     return amax.new_zeros(())
 
 
 def _finish_statistic(largest: Tensor, fmt: BlockFormat) -> Tensor:
     """The tensor's statistic from the largest candidate: torchao's per-tensor scale has a floor."""
-    if fmt.per_tensor and fmt.rule != "te":
-        return torch.clamp_min(largest, NVFP4_TENSOR_SCALE_FLOOR)
+    if fmt.per_tensor and not fmt.from_tensor_max:
+        return torch.clamp_min(largest, fmt.tensor_scale_floor)
     return largest
 
 
@@ -260,31 +272,38 @@ def _quantize_finite(
     signs: Tensor | None,
     fmt: BlockFormat,
     plan: RoundingPlan,
+    scale_plan: RoundingPlan,
     random: Tensor | None,
     hadamard: int,
     out_max: float,
 ) -> _Parts:
-    """Finite rows quantized given the tensor's statistic (`_finish_statistic`) and random bits; results
-    beyond the output dtype's largest value `out_max` saturate there."""
+    """Finite rows quantized given the tensor's statistic (`_finish_statistic`) and random bits (`plan`:
+    the elements' rounding, `scale_plan`: a two-level format's block scales'); results beyond the output
+    dtype's largest value `out_max` saturate there."""
     rows, size = values.shape
     transformed, unscale = _transformed(values, signs, fmt, hadamard)
     magnitude = transformed.abs()
     amax = magnitude.amax(1, keepdim=True)
-    if fmt.rule == "te":
-        coefficient, total = _te_scales(amax, fmt, statistic)
-        scaled = magnitude * coefficient
-    elif fmt.per_tensor:
-        total = _nvfp4_scales(amax, fmt, unscale, statistic)
-        scaled = magnitude / total
+    if fmt.rule == "four_over_six":
+        scaled, rounded, dequantized, scale = _four_over_six(magnitude, amax, statistic, plan, random)
+        transformed = torch.where(scale > 0, transformed, 0.0)  # its elements are +0 (the authors' code)
     else:
-        exponent = mx_exponent(amax, fmt)
-        if fmt.rule == "three_quarters":  # 2^(k+2) <= 2^127 as emax >= 2 (block_format)
-            exponent = exponent + 2
-            scaled, total = magnitude * power_of_two(-exponent) * 3.0, power_of_two(exponent)
+        if fmt.rule == "te":
+            coefficient, total = _te_scales(amax, fmt, statistic)
+            scaled = magnitude * coefficient
+        elif fmt.per_tensor:
+            total = _two_level_scales(amax, fmt, scale_plan, unscale, statistic)
+            scaled = magnitude / total
         else:
-            scaled, total = magnitude * power_of_two(-exponent), power_of_two(exponent)
-    rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
-    out = _apply_sign((rounded / 3.0 if fmt.rule == "three_quarters" else rounded) * total, transformed, plan)
+            exponent = mx_exponent(amax, fmt)
+            if fmt.rule == "three_quarters":  # 2^(k+2) <= 2^127 as emax >= 2 (block_format)
+                exponent = exponent + 2
+                scaled, total = magnitude * power_of_two(-exponent) * 3.0, power_of_two(exponent)
+            else:
+                scaled, total = magnitude * power_of_two(-exponent), power_of_two(exponent)
+        rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
+        dequantized = (rounded / 3.0 if fmt.rule == "three_quarters" else rounded) * total
+    out = _apply_sign(dequantized, transformed, plan)
     if hadamard:
         out = (signs * butterfly(out.view(rows, size // hadamard, hadamard))).view(rows, size)
         out = out if unscale is None else out * unscale
@@ -338,27 +357,67 @@ def _te_scales(amax: Tensor, fmt: BlockFormat, largest: Tensor) -> tuple[Tensor,
     encode = torch.clamp_max(encode_max / largest, FLOAT32_MAX)
     encode = torch.where((largest > 0) & (encode > 0), encode, 1.0)
     block_scale = amax * (encode * reciprocal_max)
-    block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, SCALE_PLAN, FLOAT32)
+    block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, TE_SCALE_PLAN, FLOAT32)
     coefficient = torch.clamp_max(1.0 / (block_scale * (1.0 / encode)), FLOAT32_MAX)
     decode = block_scale * largest * decode_max
     # TE's order overflows where the tensor's largest magnitude exceeds FLT_MAX / 448: the other order there
     return coefficient, torch.where(torch.isfinite(decode), decode, block_scale * (largest * decode_max))
 
 
-def _nvfp4_scales(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None, tensor_scale: Tensor) -> Tensor:
-    """Each block's total scale: the per-tensor scale times the block's E4M3 scale (float32). With
-    prescaled blocks (amax times 2^-P, `unscale` = 2^P) the result is the scale of the prescaled block: the
-    divisions commute with the powers of two."""
+def _four_over_six(
+    magnitude: Tensor, amax: Tensor, largest: Tensor, plan: RoundingPlan, random: Tensor | None
+) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    """Four Over Six (`gradcomp.block_format`): (the magnitudes in units of the chosen scale, their rounded
+    values, the dequantized magnitudes, the chosen E4M3 scale), each block at whichever of its two scales
+    errs less; `largest`: the tensor's largest magnitude."""
+    encode = torch.clamp_max(FOUR_OVER_SIX_ENCODE / largest, FLOAT32_MAX)
+    decode = 1.0 / encode
+    six = amax / plan.max_value * encode
+    candidates = []
+    for high in (six, six * 1.5):
+        scale = _round(high, None, TE_SCALE_PLAN, FLOAT32)
+        scaled = torch.where(scale > 0, magnitude * (1.0 / (decode * scale)), 0.0)
+        rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
+        dequantized = rounded * scale * largest / FOUR_OVER_SIX_ENCODE
+        dequantized = torch.where(
+            torch.isfinite(dequantized), dequantized, rounded * scale * (largest / FOUR_OVER_SIX_ENCODE)
+        )
+        error = pairwise_sum((dequantized - magnitude).square())
+        candidates.append((scaled, rounded, dequantized, scale, error))
+    *six_parts, six_error = candidates[0]
+    *four_parts, four_error = candidates[1]
+    four = four_error < six_error
+    scaled, rounded, dequantized, scale = (
+        torch.where(four, b, a) for a, b in zip(six_parts, four_parts, strict=True)
+    )
+    return scaled, rounded, dequantized, scale
+
+
+def pairwise_sum(values: Tensor) -> Tensor:
+    """The sum of each row (a power of two long; kept as a column) in a fixed order: neighbours first, then
+    neighbouring pairs, and so on (the kernel adds in the same order, so that both backends agree bit for
+    bit)."""
+    while values.shape[-1] > 1:
+        values = values.unflatten(-1, (-1, 2))
+        values = values[..., 0] + values[..., 1]
+    return values
+
+
+def _two_level_scales(
+    amax: Tensor, fmt: BlockFormat, scale_plan: RoundingPlan, unscale: Tensor | None, tensor_scale: Tensor
+) -> Tensor:
+    """Each block's total scale: the per-tensor scale times the block's scale in the scale format
+    (float32). With prescaled blocks (amax times 2^-P, `unscale` = 2^P) the result is the scale of the
+    prescaled block: the divisions commute with the powers of two."""
     max_value = fmt.element_format.max_value
     block_scale = amax / max_value / tensor_scale
     if unscale is not None:
         block_scale = block_scale * unscale
-    block_scale = torch.clamp(block_scale, NVFP4_SCALE_MIN, NVFP4_SCALE_MAX)
-    if fmt.rule == "ceil":  # up to the next E4M3 value: clear the 20 low bits, rounding up
-        block_scale = ((block_scale.view(torch.int32) + E4M3_ULP_BITS - 1) & -E4M3_ULP_BITS).view(
-            torch.float32
-        )
+    block_scale = torch.clamp(block_scale, *fmt.scale_range)
+    if fmt.rule == "ceil":  # up to the next value of the scale format: clear the low bits, rounding up
+        ulp = fmt.scale_ulp_bits
+        block_scale = ((block_scale.view(torch.int32) + ulp - 1) & -ulp).view(torch.float32)
     else:
-        block_scale = _round(block_scale, None, SCALE_PLAN, FLOAT32)
+        block_scale = _round(block_scale, None, scale_plan, FLOAT32)
     total = tensor_scale * block_scale
     return total if unscale is None else total / unscale

@@ -36,8 +36,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from gradcomp.block_format import NVFP4_SCALE_MAX, NVFP4_SCALE_MIN, NVFP4_TENSOR_SCALE_FLOOR, BlockFormat
-from gradcomp.formats import E4M3FN, FPFormat
+from gradcomp.block_format import BlockFormat
+from gradcomp.formats import FPFormat
 
 _LN2 = math.log(2.0)
 
@@ -150,13 +150,17 @@ def _round_to(y: np.ndarray, points: np.ndarray, stochastic: bool) -> tuple[np.n
 
 def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -> np.ndarray:
     """X as a function of the block's largest magnitude M (>0), as `gradcomp.ops.block` computes it."""
-    if fmt.rule == "te":
-        raise ValueError("the block theory models the floor and ceil scale rules, not TE's (no lower clamp)")
+    if fmt.from_tensor_max:
+        raise ValueError(
+            "the block theory models the floor, ceil and 3/4 scale rules, not TE's (no lower clamp) or Four "
+            "Over Six's (a choice by each block's error)"
+        )
     element = fmt.element_format
     if fmt.per_tensor:
-        tensor_scale = max(tensor_largest / (NVFP4_SCALE_MAX * element.max_value), NVFP4_TENSOR_SCALE_FLOOR)
-        ratio = np.clip(largest / element.max_value / tensor_scale, NVFP4_SCALE_MIN, NVFP4_SCALE_MAX)
-        grid = E4M3FN.positive_values().numpy()
+        low_scale, high_scale = fmt.scale_range
+        tensor_scale = max(tensor_largest / (high_scale * element.max_value), fmt.tensor_scale_floor)
+        ratio = np.clip(largest / element.max_value / tensor_scale, low_scale, high_scale)
+        grid = fmt.scale_format.positive_values().numpy()
         index = np.clip(np.searchsorted(grid, ratio), 1, len(grid) - 1)
         low, high = grid[index - 1], grid[index]
         if fmt.rule == "ceil":  # rounded up: high is the least grid value >= ratio

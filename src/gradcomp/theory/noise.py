@@ -147,9 +147,9 @@ def _block_error(
 ) -> float | None:
     """The correlated block model's error on the copy's blocks, times their energy (block scaling is
     scale-free: the relative error is that of the measured energy, not the fitted lognormal's); None for
-    TE's scale rule, which the model does not cover."""
+    TE's and Four Over Six's scale rules, which the model does not cover."""
     settings = policy.copy(weight_path)
-    if settings.format.rule == "te":
+    if settings.format.from_tensor_max:
         return None
     laid_out, axis = block_layout(g.detach(), weight_path, feature_axis)
     levels = BlockLevels.of(as_blocks(laid_out, settings.format.block_size, axis)[0])
