@@ -293,6 +293,40 @@ def test_switch_step_switches_every_layer_from_that_step():
     assert all(layer.policy == parse_policy("none") for layer in again.layers)
 
 
+def test_keep_last_keeps_the_last_layers_exact_from_the_start():
+    """NVIDIA's recipe: the last k selected layers (model order) take the fallback from step 0, their
+    gradients exact; the others compress."""
+    model = _net()
+    handle = attach(model, CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), keep_last=2))
+    for step in range(3):
+        _step(model, step)
+    report = handle.switch_report()
+    assert report["switched"] == {"3": 0, "6": 0}
+    assert [layer.policy for layer in handle.layers] == [None] + [parse_policy("none")] * 2
+    exact = _net()
+    exact.load_state_dict(model.state_dict())
+    _step(exact, 3)
+    _step(model, 3)
+    ours, theirs = list(model.parameters()), list(exact.parameters())
+    torch.testing.assert_close(ours[-1].grad, theirs[-1].grad, rtol=0, atol=0)  # the last layer: exact
+    assert not torch.equal(ours[0].grad, theirs[0].grad)  # the first: compressed
+
+
+def test_keep_worst_keeps_the_layers_of_lowest_predicted_ratio_from_the_first_noise_step():
+    model = _net()
+    config = CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), noise_every=2, keep_worst=1)
+    handle = attach(model, config)
+    for step in range(6):
+        _step(model, step)
+    first = {row["layer"]: row["carried_ratio"] for row in handle.noise_ratios() if row["step"] == 0}
+    lowest = min(first, key=first.get)
+    assert handle.switch_report()["switched"] == {lowest: 0}  # chosen once, on step 0's ratios
+    with pytest.raises(ValueError, match="keep_worst needs noise_every"):
+        CompressionConfig("fp:format=e2m1", keep_worst=1)
+    with pytest.raises(ValueError, match="nothing to switch from"):
+        CompressionConfig("none", keep_last=1)
+
+
 def test_the_noise_ratio_reads_a_parametrized_weight_through_its_original():
     """Under QAT's forward quantizer (a parametrization) the weight is computed; its gradient accumulates
     into the original parameter, where the compressed signal is read."""

@@ -172,6 +172,16 @@ class Attachment:
         step = self.noise.pending
         for index in self.noise.finish():
             self._switch(self.layers[index], step)
+        if self.config.keep_worst and step is not None and step == self._first_noise_step:
+            ranked = sorted((ratio, index) for index, ratio in self.noise.ratios.items() if ratio is not None)
+            for _, index in ranked[: self.config.keep_worst]:
+                self._switch(self.layers[index], step)
+
+    @property
+    def _first_noise_step(self) -> int:
+        """The first step whose noise ratio is taken: keep_worst's choice is made on it."""
+        every, warmup = self.config.noise_every or 1, self.config.warmup_steps
+        return -(-warmup // every) * every
 
     def _switch(self, layer: LayerState, step: int) -> None:
         if layer.policy is None:
@@ -597,6 +607,8 @@ def attach(
         for module in model.modules():
             if isinstance(module, LAYER_TYPES["bn"]):
                 attachment._undo.extend(_track_bn_output(module, attachment))
+    for layer in attachment.layers[len(attachment.layers) - config.keep_last :]:
+        attachment._switch(layer, 0)  # kept in high precision from the start
     return attachment
 
 

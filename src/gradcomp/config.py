@@ -62,6 +62,11 @@ class CompressionConfig:
     `guard_patience` consecutive noise steps compresses with `fallback` (a policy, default exact
     gradients) for the rest of training; with `switch_step`, every layer does from that step on (a fixed
     late switch of the backward pass, FP4 All the Way's section 5).
+
+    Layers kept in high precision (`fallback`) throughout: `keep_last`, the last k selected layers (in the
+    model's order: NVIDIA's NVFP4 recipe keeps its last layers in BF16, whose weight gradients err most);
+    `keep_worst`, the k layers whose predicted R (the guard's) is lowest at the first noise step, from then
+    on (the same choice made by gradcomp's own prediction; needs noise_every).
     """
 
     policy: Policy = field(default_factory=NoCompression)  # a policy string is parsed (parse_policy)
@@ -76,6 +81,8 @@ class CompressionConfig:
     guard: float | None = None
     guard_patience: int = 2
     switch_step: int | None = None
+    keep_last: int = 0
+    keep_worst: int = 0
     fallback: Policy = field(default_factory=NoCompression)
 
     def __post_init__(self) -> None:
@@ -118,7 +125,13 @@ class CompressionConfig:
             object.__setattr__(self, "guard", positive("guard", self.guard))
         if self.switch_step is not None:
             object.__setattr__(self, "switch_step", integer("switch_step", self.switch_step, 0))
-        switching = [key for key in ("guard", "switch_step") if getattr(self, key) is not None]
+        for key in ("keep_last", "keep_worst"):
+            object.__setattr__(self, key, integer(key, getattr(self, key), 0))
+        if self.keep_worst and self.noise_every is None:
+            raise ValueError(
+                "keep_worst needs noise_every (it ranks the layers by their predicted noise ratio)"
+            )
+        switching = self.switching
         if switching and isinstance(self.policy, NoCompression):
             raise ValueError(
                 f"{switching[0]}: the policy 'none' adds no noise, there is nothing to switch from"
@@ -128,6 +141,12 @@ class CompressionConfig:
                 f"fallback {self.fallback.label} quantizes the two GEMMs' copies apart, which "
                 f"{self.policy.label} does not: choose a one-stream fallback (e.g. none, fp)"
             )
+
+    @property
+    def switching(self) -> list[str]:
+        """The settings that move layers to the fallback (guard, switch_step, keep_last, keep_worst)."""
+        keys = ("guard", "switch_step", "keep_last", "keep_worst")
+        return [key for key in keys if getattr(self, key) not in (None, 0)]
 
     @property
     def types(self) -> tuple[str, ...]:

@@ -686,7 +686,7 @@ def _summary(run: _Run) -> dict:
         "processes": run.processes.world_size,
         "layers": progress.layers,
     }
-    if config.compression.guard is not None or config.compression.switch_step is not None:
+    if config.compression.switching:
         summary["switches"] = run.attachment.switch_report(summary)
     return summary
 
