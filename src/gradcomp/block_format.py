@@ -39,12 +39,17 @@ a scale format:
   rounding both candidates see the same random bits, as in the authors' kernels; the choice then depends on
   the draw, so the result is not unbiased.
 
+``outer`` (two-level scales, torchao's rule): the float32 scale is taken per outer block of `outer`
+consecutive elements along the blocked axis (a multiple of the block size; TetraJet-v2's 128 over NVFP4's
+16) instead of per tensor, from that block's largest magnitude; the axis is padded with zeros to a multiple
+of it.
+
 Stochastic rounding is unbiased only where nothing saturates: under ``floor`` a block's largest values are
 clipped to max_value and E[out] < x there (about 1.3 % of the gradient's magnitude for MXFP4). So
 `default_rule` takes ``ceil`` for stochastic rounding, and `check_rule` refuses ``floor`` with it.
 
-Bits per element: the element's plus the scale's 8 bits shared by the block (NVFP4's one float32 per tensor
-is neglected).
+Bits per element: the element's plus the scale's 8 bits shared by the block, plus an outer block's float32
+shared by its elements (NVFP4's one float32 per tensor is neglected).
 """
 
 from __future__ import annotations
@@ -56,7 +61,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradcomp.choices import BLOCK_SCALES, MAX_BLOCK, SCALE_RULES, is_integer
+from gradcomp.choices import BLOCK_SCALES, MAX_BLOCK, MAX_OUTER, SCALE_RULES, is_integer
 from gradcomp.formats import DTYPE_FORMATS, DTYPE_LOOKALIKES, FPFormat, parse_format
 
 SCALE_BITS = 8  # every scale format
@@ -65,8 +70,8 @@ FLOAT32_MAX = float(np.finfo(np.float32).max)  # TE's scales saturate here (1 / 
 SCALE_LABELS = {"e8m0fnu": "E8M0", "e4m3fn": "E4M3", "float8_e3m4": "E3M4", "e5m3fnu": "UE5M3"}
 
 
-def _power_of_two(value: object, low: int) -> bool:
-    return is_integer(value) and low <= value <= MAX_BLOCK and value & (value - 1) == 0
+def _power_of_two(value: object, low: int, high: int = MAX_BLOCK) -> bool:
+    return is_integer(value) and low <= value <= high and value & (value - 1) == 0
 
 
 @dataclass(frozen=True)
@@ -75,6 +80,7 @@ class BlockFormat:
     block_size: int = 32
     scale: str = "e8m0fnu"
     rule: str = "floor"
+    outer: int = 0  # the float32 scale's span along the axis (two-level scales; 0: the whole tensor)
     _element: FPFormat = field(init=False, repr=False, compare=False)
     # constants of the element's largest value, computed once (compiled chunk functions read, not compute)
     _max_mantissa: int = field(init=False, repr=False, compare=False)
@@ -116,6 +122,16 @@ class BlockFormat:
                 "scale_rule='four_over_six' maps an NVFP4 block's largest value to 6 or 4: it takes "
                 "scale='e4m3fn' and an element of largest value 6 (e2m1fn)"
             )
+        if self.outer and not (
+            self.per_tensor
+            and not self.from_tensor_max
+            and _power_of_two(self.outer, 2 * self.block_size, MAX_OUTER)
+        ):
+            raise ValueError(
+                f"outer must be 0 (one float32 scale per tensor) or a power of two in "
+                f"[{2 * self.block_size}, {MAX_OUTER}], with a two-level scale under the floor or ceil rule; "
+                f"got outer={self.outer!r} with scale={self.scale!r}, rule={self.rule!r}"
+            )
         element = self._element
         if self.rule == "three_quarters" and (
             self.scale != "e8m0fnu" or element.emax < 2 or element.max_value < 1.5 * 2.0**element.emax
@@ -142,7 +158,8 @@ class BlockFormat:
 
     @property
     def per_tensor(self) -> bool:
-        """Whether a float32 per-tensor scale sits above the block scales (the two-level formats)."""
+        """Whether a float32 scale sits above the block scales (the two-level formats: one per tensor, or
+        per outer block)."""
         return self.scale != "e8m0fnu"
 
     @property
@@ -175,17 +192,20 @@ class BlockFormat:
 
     @property
     def bits_per_element(self) -> float:
-        return self._element.bits + SCALE_BITS / self.block_size
+        """The element's bits, the block scale's share and an outer block's float32 scale's share."""
+        outer = 32 / self.outer if self.outer else 0.0
+        return self._element.bits + SCALE_BITS / self.block_size + outer
 
     @property
     def label(self) -> str:
         """The preset's name where the format is one (``MXFP4``, ``NVFP4``), else e.g. ``E3M2/64 E8M0``."""
+        outer = f" outer {self.outer}" if self.outer else ""
         for name, preset in PRESETS.items():
-            if preset == dataclasses.replace(self, rule="floor"):
-                return name.upper() + RULE_LABELS[self.rule]
+            if preset == dataclasses.replace(self, rule="floor", outer=0):
+                return name.upper() + RULE_LABELS[self.rule] + outer
         fmt = self._element
         scale = SCALE_LABELS[self.scale] + RULE_LABELS[self.rule]
-        return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}"
+        return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}{outer}"
 
 
 RULE_LABELS = {"floor": "", "ceil": " ceil", "te": " TE", "three_quarters": " 3/4", "four_over_six": " 4/6"}

@@ -34,6 +34,7 @@ SCALE_RULES = ("floor", "ceil", "te", "three_quarters", "four_over_six")
 # Block.signs: the transform's random signs drawn anew at every call (Quartet), once per step for every layer,
 # once for the run (NVIDIA's NVFP4 recipe), or none (the deterministic Walsh-Hadamard matrix)
 SIGN_MODES = ("call", "step", "run", "none")
+MAX_OUTER = 1024  # a two-level format's outer blocks (float32 scales): powers of two up to this
 MAX_BLOCK = 256  # block sizes and Hadamard transform sizes: powers of two in [2, MAX_BLOCK]
 ESTIMATORS = ("lognormal", "gaussian", "laplace", "topk")  # Prune.estimator
 FITS = ("bn_nonzero", "reference", "all")  # Prune.fit

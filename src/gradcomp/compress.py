@@ -466,6 +466,7 @@ def _block(policy: Block, copy: GradientCopy, stats: LayerStats) -> Tensor:
         backend=copy.backend,
         count_zeros_into=copy.zeros,
         signs=signs,
+        outer=fmt.outer,
     )
     laid_out, axis = block_layout(g, copy.weight_path, copy.feature_axis)
     out = quantize(laid_out, axis=axis)

@@ -551,6 +551,7 @@ class Block(Policy):
     weight_rounding: str | None = None  # None: as `rounding`
     weight_hadamard: int | None = None  # None: as `hadamard`
     weight_signs: str | None = None  # None: as `signs`
+    outer: int = 0  # two-level scales: the float32 scale per `outer` elements along the axis (0: per tensor)
     two_streams: ClassVar[bool] = True
     _copies: tuple[BlockCopy, BlockCopy] = field(init=False, repr=False, compare=False)
 
@@ -574,7 +575,7 @@ class Block(Policy):
     def _copy(self, rounding: str, hadamard: int, signs: str) -> BlockCopy:
         choose("rounding", rounding, ROUNDINGS)
         choose("signs", signs, SIGN_MODES)
-        fmt = BlockFormat(self.element, self.block, self.scale, check_rule(self.rule, rounding))
+        fmt = BlockFormat(self.element, self.block, self.scale, check_rule(self.rule, rounding), self.outer)
         if hadamard:
             check_transform_size(hadamard, self.block)
         return BlockCopy(fmt, rounding, hadamard, signs)
@@ -685,6 +686,9 @@ RECIPES: dict[str, str] = {
     # with signs drawn at every call; theirs spans 64 elements (two MX blocks), the op's stays within a
     # block: 32
     "tseng_mxfp4": "mxfp4:rule=three_quarters,rounding=stochastic,hadamard=32,signs=call",
+    # TetraJet-v2 (arXiv 2510.27527): NVFP4 with the transform on both gradient copies, stochastic rounding,
+    # and a two-level scale whose float32 level spans 128 elements instead of the tensor
+    "tetrajet_v2": "nvfp4:rounding=stochastic,hadamard=16,outer=128",
 }
 
 

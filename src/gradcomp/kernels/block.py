@@ -94,6 +94,8 @@ def _block_kernel(
     TE_DECODE: tl.constexpr,
     FLOAT32_MAX: tl.constexpr,
     PER_TENSOR: tl.constexpr,
+    OUTER_ROWS: tl.constexpr,
+    TENSOR_FLOOR: tl.constexpr,
     EMAX: tl.constexpr,
     CEIL: tl.constexpr,
     MAX_MANTISSA: tl.constexpr,
@@ -184,7 +186,13 @@ def _block_kernel(
             total = block_scale * largest * TE_DECODE
             total = tl.where(tl.abs(total) < float("inf"), total, block_scale * (largest * TE_DECODE))
         elif PER_TENSOR:
-            tensor_scale = tl.load(tensor_scale_ptr)
+            if OUTER_ROWS > 0:  # each outer block's float32 scale from its rows (whole within the tile)
+                ratio = tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale
+                groups = tl.max(tl.reshape(ratio, [ROWS // OUTER_ROWS, OUTER_ROWS]), 1)[:, None]
+                groups = tl.broadcast_to(tl.maximum(groups, TENSOR_FLOOR), [ROWS // OUTER_ROWS, OUTER_ROWS])
+                tensor_scale = tl.reshape(groups, [ROWS, 1])
+            else:
+                tensor_scale = tl.load(tensor_scale_ptr)
             block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale) * unscale
             block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
             if CEIL:
@@ -340,6 +348,8 @@ def quantize_block_triton(
         SIGNS=sign_seed is not None,
         SIGN_COUNTER=SIGN_COUNTER,
         PER_TENSOR=fmt.per_tensor,
+        OUTER_ROWS=fmt.outer // size,
+        TENSOR_FLOOR=fmt.tensor_scale_floor if fmt.per_tensor else 0.0,
         EMAX=element.emax,
         CEIL=fmt.rule == "ceil",
         MAX_MANTISSA=float_bits(element.max_value, FLOAT32) & 0x7FFFFF,
@@ -369,8 +379,9 @@ def quantize_block_triton(
         enable_fp_fusion=False,
     )
     keys = map(as_int32, (k0, k1, s0, s1))
-    args = [blocks, out, blocks, blocks, rows_total, -(-length // size), length, *keys]
-    if fmt.per_tensor:
+    padded = -(-length // (fmt.outer or size)) * (fmt.outer or size)  # the axis as the blocks lay it out
+    args = [blocks, out, blocks, blocks, rows_total, padded // size, length, *keys]
+    if fmt.per_tensor and not fmt.outer:
         partials = torch.empty(programs, dtype=torch.float32, device=blocks.device)
         tensor_scale = torch.empty(1, dtype=torch.float32, device=blocks.device)
         launch(

@@ -37,6 +37,7 @@ value within a rounding step of it) saturate there.
 from __future__ import annotations
 
 import numbers
+from collections.abc import Callable
 from typing import Literal, NamedTuple
 
 import torch
@@ -78,6 +79,7 @@ def quantize_block(
     backend: Backend = "auto",
     count_zeros_into: Tensor | None = None,
     signs: int | Literal["seed", "none"] = "seed",
+    outer: int = 0,
 ) -> Tensor:
     """x in a block-scaled format (see the module), dequantized: x's dtype and shape.
 
@@ -92,14 +94,15 @@ def quantize_block(
     generator when seed is None, which also draws the transform's signs); hadamard: 0, or the size of the
     random Hadamard transform applied first (a power of two dividing block_size); signs: where the
     transform's random signs come from: "seed" (the call's seed, fresh with it), an int (their own seed, e.g.
-    one for a whole run) or "none" (all +1: the deterministic Walsh-Hadamard transform). float16, bfloat16 or
+    one for a whole run) or "none" (all +1: the deterministic Walsh-Hadamard transform); outer: a two-level
+    scale's float32 scale per `outer` elements along the axis (0: per tensor). float16, bfloat16 or
     float32 input; a 0-d tensor is one block of one element. count_zeros_into: an int64 one-element tensor
-    on x's device to which the output's zeros are added. One kernel launch on CUDA for MX,
-    three for NVFP4 (the tensor's largest magnitude first), plus a copy where `axis` is not the last,
-    contiguous one or block_size does not divide it; no host sync. Not differentiable."""
+    on x's device to which the output's zeros are added. One kernel launch on CUDA for MX and outer scales,
+    three for a per-tensor scale (the tensor's largest magnitude first), plus a copy where `axis` is not the
+    last, contiguous one or block_size (or outer) does not divide it; no host sync. Not differentiable."""
     x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
     choose("rounding", rounding, ROUNDINGS)
-    fmt = BlockFormat(element, block_size, scale, check_rule(scale_rule, rounding))
+    fmt = BlockFormat(element, block_size, scale, check_rule(scale_rule, rounding), outer)
     if hadamard:
         check_transform_size(hadamard, block_size)
     axis = check_axis(x, axis)
@@ -109,7 +112,7 @@ def quantize_block(
     sign_seed = sign_source(signs, seed)
     if x.numel() == 0:
         return x.clone()
-    blocks, restore = as_blocks(x, block_size, axis)
+    blocks, restore = format_blocks(x, fmt, axis)
     if use_triton(x, backend):
         from gradcomp.kernels.block import quantize_block_triton
 
@@ -120,6 +123,13 @@ def quantize_block(
         return restore(out)
     out = quantize_blocks(blocks, fmt, stochastic, seed, hadamard, sign_seed)
     return add_zero_count(restore(out), count_zeros_into)
+
+
+def format_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """x as rows of block_size elements (`as_blocks`), its axis padded to a multiple of the outer block
+    where the format has one, so that each outer block is outer / block_size consecutive rows."""
+    blocks, restore = as_blocks(x, fmt.outer or fmt.block_size, axis)
+    return blocks.view(-1, fmt.block_size), restore
 
 
 def sign_source(signs: object, seed: int) -> int | None:
@@ -161,7 +171,7 @@ def quantize_blocks(
         if hadamard or fmt.rule == "four_over_six"
         else (_chunk_statistic, _chunk_out)
     )
-    if fmt.per_tensor:
+    if fmt.per_tensor and not fmt.outer:  # outer blocks lie within a chunk: each takes its own there
         partial = torch.stack([statistic_of(chunk, signs, fmt, hadamard) for _, chunk in chunks])
         statistic = _finish_statistic(partial.amax(), fmt)
     out, out_max = torch.empty_like(blocks), torch.finfo(blocks.dtype).max
@@ -247,15 +257,21 @@ def _transformed(
     return butterfly(values.view(rows, size // hadamard, hadamard) * signs).view(rows, size), unscale
 
 
-def _tensor_statistic(amax: Tensor, fmt: BlockFormat, unscale: Tensor | None) -> Tensor:
+def _tensor_statistic(
+    amax: Tensor, fmt: BlockFormat, unscale: Tensor | None, dim: int | None = None
+) -> Tensor:
     """What a per-tensor scale is made of, as a maximum over blocks (so that chunks combine by max): TE's
     largest magnitude (and Four Over Six's); torchao's largest amax / (S_max max_value) before its floor;
-    0 for MX."""
+    0 for MX. With `dim`, the maxima along it (an outer block's, its rows along dim 1; kept as a column)."""
+
+    def largest(values: Tensor) -> Tensor:
+        return values.max() if dim is None else values.amax(dim, keepdim=True)
+
     if fmt.from_tensor_max:
-        return amax.max()
+        return largest(amax)
     if fmt.per_tensor:
         ratio = amax / (fmt.scale_range[1] * fmt.element_format.max_value)
-        return (ratio if unscale is None else ratio * unscale).max()
+        return largest(ratio if unscale is None else ratio * unscale)
     return amax.new_zeros(())
 
 
@@ -284,6 +300,15 @@ def _quantize_finite(
     transformed, unscale = _transformed(values, signs, fmt, hadamard)
     magnitude = transformed.abs()
     amax = magnitude.amax(1, keepdim=True)
+    if fmt.outer:  # each outer block's float32 scale, from its rows
+        rows_per_outer = fmt.outer // fmt.block_size
+        largest = _tensor_statistic(
+            amax.view(-1, rows_per_outer),
+            fmt,
+            None if unscale is None else unscale.view(-1, rows_per_outer),
+            dim=1,
+        )
+        statistic = _finish_statistic(largest, fmt).repeat_interleave(rows_per_outer, 0)
     if fmt.rule == "four_over_six":
         scaled, rounded, dequantized, scale = _four_over_six(magnitude, amax, statistic, plan, random)
         transformed = torch.where(scale > 0, transformed, 0.0)  # its elements are +0 (the authors' code)
@@ -323,7 +348,7 @@ def block_errors(
     format sees (after the transform) that become zero, the share beyond the largest element value times
     their block's scale (clipped), and sum (out - x)^2 / sum x^2. The shares count the elements x has (not
     a trailing block's padding)."""
-    blocks, _ = as_blocks(x.detach(), fmt.block_size, axis)
+    blocks, _ = format_blocks(x.detach(), fmt, axis)
     parts = _quantize(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
     nonzero = parts.transformed != 0
     flushed = (nonzero & (parts.rounded == 0)).sum() / nonzero.sum().clamp_min(1)

@@ -29,6 +29,7 @@ paper's per-layer scaling), for comparison.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import math
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ from gradcomp.block_format import BlockFormat
 from gradcomp.formats import FPFormat
 
 _LN2 = math.log(2.0)
+OUTER_NODES = 16  # quantiles of an outer block's largest value the theory averages over
 
 
 @dataclass(frozen=True)
@@ -186,7 +188,8 @@ def block_statistics(
 ) -> ErrorShares:
     """The expected flushed and clipped shares and relative MSE of `fmt` on iid lognormal magnitudes with
     log2 mean mu2 and std sigma2 (see the module); numel: the tensor's size (NVFP4's per-tensor scale, from
-    the median largest of numel draws unless `tensor_largest` gives the tensor's largest magnitude).
+    the median largest of numel draws unless `tensor_largest` gives the tensor's largest magnitude; with
+    outer blocks, averaged over the distribution of the largest of `fmt.outer` draws, one outer block's).
     Power-of-two scales make the result periodic in mu2 with period 1 (up to the scale formats' range): the
     fractional part matters where the block maxima span less than a binade (small sigma2, and the Gaussian
     model of the transform, whose second moment is the lognormal's)."""
@@ -195,6 +198,13 @@ def block_statistics(
     size = fmt.block_size
     u = (np.arange(nodes) + 0.5) / nodes
     largest = distribution.quantile(u ** (1.0 / size))
+    if tensor_largest is None and fmt.outer:  # averaged over an outer block's largest (quantile midpoints)
+        u = (np.arange(OUTER_NODES) + 0.5) / OUTER_NODES
+        shares = [
+            block_statistics(fmt, sigma2, rounding, hadamard, numel, nodes, mu2, float(top))
+            for top in distribution.quantile(u ** (1.0 / fmt.outer))
+        ]
+        return ErrorShares(*np.mean([dataclasses.astuple(share) for share in shares], axis=0).tolist())
     if tensor_largest is None:
         tensor_largest = float(distribution.quantile(np.array([0.5 ** (1.0 / numel)]))[0])
     else:  # a block of a level near the tensor's largest value cannot exceed it
@@ -268,10 +278,11 @@ def correlated_block_statistics(
     """`block_statistics` under the correlated model: the iid theory of each block at its own level b with
     the within-block spread, averaged over b (the midpoints of `levels_nodes` quantiles; the MSE weighted
     by each level's second moment, an exact tilt of the level's normal). The tensor's largest value (NVFP4's
-    per-tensor scale) is the median largest of `numel` draws of the model, and no level lies above the one
-    whose blocks' median largest value reaches it."""
+    per-tensor scale) is the median largest of `numel` draws of the model (of `fmt.outer` with outer blocks:
+    an approximation that takes their elements as independent), and no level lies above the one whose
+    blocks' median largest value reaches it."""
     within = max(levels.within, 0.05)
-    tensor_largest = _largest_of_levels(levels, within, hadamard, numel)
+    tensor_largest = _largest_of_levels(levels, within, hadamard, fmt.outer or numel)
     # the highest level a block can have: its median largest value at the tensor's largest
     if hadamard:
         top = math.log2(tensor_largest / (math.sqrt(2) * special.erfinv(0.5 ** (1 / fmt.block_size))))
