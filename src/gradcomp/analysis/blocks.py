@@ -1,4 +1,4 @@
-"""C1, C2: block-scaled gradient formats (OCP MX, NVFP4), in training and against the lognormal theory.
+"""C1, C2, C5: block-scaled gradient formats (OCP MX, NVFP4), in training and against the lognormal theory.
 
 C1: each arm's final accuracy against the uncompressed run of its model and scale (paired by seed). C2: on
 the trained baselines of each model family, every compressed layer's neural gradient in each block format
@@ -12,10 +12,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import itertools
 import math
 from collections import defaultdict
 
 import torch
+from scipy import stats
 
 from gradcomp.analysis.accuracy import (
     GAP_PANEL,
@@ -39,10 +41,10 @@ from gradcomp.analysis.verdicts import (
     prediction_pair,
     summarise,
 )
-from gradcomp.block_format import BlockFormat
+from gradcomp.block_format import SCALE_LABELS, BlockFormat
 from gradcomp.compress import layer_log2_scale
 from gradcomp.config import CompressionConfig
-from gradcomp.experiments import BlockTheory, CompareWithinModels
+from gradcomp.experiments import BlockTheory, CompareWithinModels, ScaleFormats
 from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.ops import log_moments, quantize_fp
 from gradcomp.ops._blocks import as_blocks
@@ -153,7 +155,7 @@ def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
     return (flushed, clipped, mse), per_tensor_statistics(element, sigma2, log2_scale + mu2), checked
 
 
-def _family_errors(settings: BlockTheory, group: RunGroup, arms: dict[str, Block]) -> PerSeed:
+def family_errors(settings: BlockTheory | ScaleFormats, group: RunGroup, arms: dict[str, Block]) -> PerSeed:
     """Per seed of the family's trained model, every arm (format, transform) and the per-layer scale of each
     element format: measured and predicted shares and relative MSE over the compressed layers (shares
     weighted by elements, MSE by energy: sums over layers)."""
@@ -378,9 +380,9 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
     """C2: the block theory against each family's real gradients, next to per-layer scaling."""
     groups = settings.present([settings.run, *settings.models], runs)
     arms = _arms(settings)
-    rows, pairs, predicted_wins, family_errors = [], [], {}, {}
+    rows, pairs, predicted_wins, errors_by_family = [], [], {}, {}
     for group in groups:
-        errors = family_errors[group.name] = _family_errors(settings, group, arms)
+        errors = errors_by_family[group.name] = family_errors(settings, group, arms)
         pairs += _c2_pairs(settings, group.name, errors, arms)
         for row in errors.rows():
             rows.append({"model": group.name, **row})
@@ -392,7 +394,7 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
             ratios = [math.log(block[s] / layer[s]) for s in block if layer.get(s, 0) > 0 and block[s] > 0]
             if ratios:
                 predicted_wins[group.name, label] = sum(ratios) / len(ratios)
-    comparisons = compare(pairs + _correlated_pairs(family_errors, arms))
+    comparisons = compare(pairs + _correlated_pairs(errors_by_family, arms))
     theory = [c for c in comparisons if c.family == THEORY]
     versus = [c for c in comparisons if c.family == VERSUS]
     correlated = [c for c in comparisons if c.family == CORRELATED]
@@ -428,3 +430,155 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
         comparisons=comparisons,
         findings=findings,
     )
+
+
+# --- C5 -----------------------------------------------------------------------------------------------------
+RANKING = "the theory's ranking of scale formats and block sizes"
+ORDERING = "FP4 All the Way's ordering on these gradients"
+MODELS = {"predicted_mse": "iid", "correlated_mse": "correlated"}
+
+
+def _c5_arms(settings: ScaleFormats) -> dict[tuple[str, int], Block]:
+    """(scale format, block size) -> the block policy (nearest rounding, no transform)."""
+    return {
+        (scale, block): Block(settings.element, block, scale, "floor", "nearest", 0)
+        for scale in settings.scales
+        for block in settings.blocks
+    }
+
+
+def _ranking_pairs(settings: ScaleFormats, family: str, errors: PerSeed, labels: list[str]) -> list[Pair]:
+    """Per seed, Spearman's correlation over the arms of each model's predicted MSE with the measured."""
+    pairs = []
+    for key, kind in MODELS.items():
+        measured = [errors.values({"arm": arm}, "mse") for arm in labels]
+        model = [errors.values({"arm": arm}, key) for arm in labels]
+        per_seed = {}
+        for seed in sorted(set().union(*measured)):
+            pairs_of_seed = [
+                (m[seed], p[seed]) for m, p in zip(measured, model, strict=True) if seed in m and seed in p
+            ]
+            if len(pairs_of_seed) >= 4:
+                x, y = zip(*pairs_of_seed, strict=True)
+                per_seed[seed] = float(stats.spearmanr(x, y).statistic)
+        pairs.append(
+            one_sample(
+                f"{family}: Spearman(predicted, measured MSE) over {len(labels)} arms, {kind} model",
+                per_seed,
+                0.0,
+                "no association",
+                margin=settings.correlation_margin,
+                higher_is_better=True,
+                family=RANKING,
+                role=family,
+                arm=kind,
+            )
+        )
+    return pairs
+
+
+def _ordering(settings: ScaleFormats) -> list[tuple[str, tuple[str, int], tuple[str, int]]]:
+    """FP4 All the Way's comparisons (figures 1-2) as (what, arm, reference): scale formats at blocks of
+    16, then block sizes under E4M3."""
+    comparisons = [(f"{SCALE_LABELS[s]} against E8M0 scales, blocks of 16", (s, 16), ("e8m0fnu", 16))
+                   for s in settings.scales if s != "e8m0fnu"]  # fmt: skip
+    comparisons += [(f"{SCALE_LABELS[s]} against E4M3 scales, blocks of 16", (s, 16), ("e4m3fn", 16))
+                    for s in settings.scales if s not in ("e8m0fnu", "e4m3fn")]  # fmt: skip
+    sizes = sorted(settings.blocks)
+    comparisons += [(f"blocks of {a} against {b}, E4M3 scales", ("e4m3fn", a), ("e4m3fn", b))
+                    for a, b in itertools.pairwise(sizes)]  # fmt: skip
+    return comparisons
+
+
+def _ordering_pairs(settings, model, errors, labels) -> tuple[list[Pair], dict[str, float]]:
+    """Each ordering comparison on the measured MSE (ln ratio, paired by seed), and the iid theory's
+    predicted ln ratio (mean over seeds) by comparison name."""
+    pairs, predicted = [], {}
+    for what, arm, reference in _ordering(settings):
+        a, b = labels[arm], labels[reference]
+        mse, base = errors.values({"arm": a}, "mse"), errors.values({"arm": b}, "mse")
+        seeds = sorted(s for s in set(mse) & set(base) if mse[s] > 0 and base[s] > 0)
+        if not seeds:
+            continue
+        name = f"{model}: {what}"
+        pairs.append(
+            one_sample(
+                name,
+                {s: math.log(mse[s] / base[s]) for s in seeds},
+                0.0,
+                "no difference (ln MSE ratio)",
+                margin=settings.margin,
+                higher_is_better=False,
+                unit="ln",
+                family=ORDERING,
+                role=model,
+                arm=what,
+            )
+        )
+        ours, theirs = (errors.values({"arm": x}, "predicted_mse") for x in (a, b))
+        ratios = [math.log(ours[s] / theirs[s]) for s in seeds if ours.get(s, 0) > 0 and theirs.get(s, 0) > 0]
+        if ratios:
+            predicted[name] = sum(ratios) / len(ratios)
+    return pairs, predicted
+
+
+def scale_formats(settings: ScaleFormats, runs: dict[str, RunGroup]) -> Result:
+    """C5: every scale format and block size on each family's real gradients, measured and predicted."""
+    groups = settings.present([settings.run, *settings.models], runs)
+    arms = _c5_arms(settings)
+    labels = {key: policy.label for key, policy in arms.items()}
+    rows, pairs, predicted = [], [], {}
+    for group in groups:
+        errors = family_errors(settings, group, {policy.label: policy for policy in arms.values()})
+        for (scale, block), label in labels.items():
+            for row in errors.rows():
+                if row["arm"] == label:
+                    rows.append({"model": group.name, "scale": SCALE_LABELS[scale], "block": block, **row})
+        pairs += _ranking_pairs(settings, group.name, errors, list(labels.values()))
+        ordering, theory = _ordering_pairs(settings, group.name, errors, labels)
+        pairs += ordering
+        predicted |= theory
+    comparisons = compare(pairs)
+    ranking = [c for c in comparisons if c.family == RANKING]
+    ordering = [c for c in comparisons if c.family == ORDERING]
+    agree = sum(1 for c in ordering if c.a in predicted and (predicted[c.a] < 0) == (c.difference < 0))
+    ordering_rows = [
+        {"comparison": c.a, "measured_ln_ratio": c.difference, "low": c.ci_low, "high": c.ci_high,
+         "predicted_ln_ratio": predicted.get(c.a), "verdict": c.verdict}
+        for c in ordering
+    ]  # fmt: skip
+    return Result(
+        caption=_c5_caption(settings, groups),
+        tables={
+            "main": Table(
+                "Measured and predicted relative MSE per family, scale format and block size", rows
+            ),
+            "ordering": Table(
+                "FP4 All the Way's comparisons on these gradients (ln MSE ratio)", ordering_rows
+            ),
+        },
+        comparisons=comparisons,
+        findings=[
+            f"Does the theory rank the arms (its own family)? {summarise(ranking)}.",
+            f"FP4 All the Way's ordering, measured (its own family): {summarise(ordering)}.",
+            f"The iid theory predicts the sign of {agree} of {len(ordering)} of these differences.",
+        ],
+    )
+
+
+def _c5_caption(settings: ScaleFormats, groups: list[RunGroup]) -> str:
+    scales = ", ".join(SCALE_LABELS[s] for s in settings.scales)
+    blocks = ", ".join(map(str, settings.blocks))
+    models = ", ".join(f"{g.name} ({g.model})" for g in groups)
+    arms = len(settings.scales) * len(settings.blocks)
+    return f"""Relative MSE (error energy over gradient energy, summed over the compressed layers) of each
+        family's neural gradients with {settings.element} elements in blocks of {blocks} under each scale
+        format ({scales}; the two-level ones with a float32 scale per tensor, torchao's rule), nearest
+        rounding, no transform, blocks along the output features: measured (solid) and predicted by the iid
+        lognormal block model (dashed), per family, mean over seeds. Models: {models}, {settings.batches}
+        test batch(es) in eval mode, every seed. Comparisons: per seed, Spearman's correlation of each
+        model's (iid, correlated) predicted MSE with the measured over the {arms} arms, above
+        {settings.correlation_margin:g}; FP4 All the Way's figures 1-2 (training loss of a 350M model: E4M3
+        and E3M4 scales best and about equal, E8M0 worse, smaller blocks better with the gain fading below
+        16) as differences of ln MSE on these gradients, paired by seed, within ±{settings.margin:.3g} (a
+        factor 1.25) counting as none; each question its own Holm family."""

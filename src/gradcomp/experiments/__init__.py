@@ -35,7 +35,7 @@ from gradcomp.experiments.base import (
     register,
 )
 from gradcomp.experiments.beyond import EveryRun, PruneWithFp
-from gradcomp.experiments.blocks import BlockTheory
+from gradcomp.experiments.blocks import BlockTheory, ScaleFormats
 from gradcomp.experiments.convergence import Budgets
 from gradcomp.experiments.distributions import GoodnessOfFit
 from gradcomp.experiments.failure import LateSwitch, NoiseRatios, Stalls
@@ -93,6 +93,7 @@ __all__ = [
     "Params",
     "PruneWithFp",
     "RangePredictor",
+    "ScaleFormats",
     "Scaling",
     "Stalls",
     "Successors",

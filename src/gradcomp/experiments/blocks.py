@@ -1,10 +1,14 @@
-"""C1, C2: block-scaled gradient formats in training and against the lognormal theory. Settings and
-registrations; the compute and draw steps are in gradcomp.analysis.blocks and gradcomp.plots.blocks."""
+"""C1, C2, C5: block-scaled gradient formats in training and against the lognormal theory, and the scale
+formats and block sizes of FP4 All the Way's comparison. Settings and registrations; the compute and draw
+steps are in gradcomp.analysis.blocks and gradcomp.plots.blocks."""
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
+from gradcomp.block_format import BlockFormat
+from gradcomp.choices import BLOCK_SCALES
 from gradcomp.experiments.base import (
     AcrossModels,
     CompareWithinModels,
@@ -57,4 +61,46 @@ register(
     stage="blocks",
     title="The lognormal theory of block scaling against the real gradients of each family",
     params=BlockTheory,
+)
+
+
+@dataclass(frozen=True)
+class ScaleFormats(AcrossModels):
+    """C5: on the trained models of `run` and the other families (`models`), every compressed layer's
+    neural gradient (`batches` test batches, eval mode) with `element` elements in blocks of each size of
+    `blocks` under each scale format of `scales` (two-level formats: torchao's rule; nearest rounding, no
+    transform, blocks along the output features): the measured relative MSE, and the iid and correlated
+    block models' predictions. Whether the theory ranks the arms (per seed, Spearman's correlation of the
+    predicted with the measured MSE over the arms above `correlation_margin`), and FP4 All the Way's
+    ordering (figures 1-2: E4M3 and E3M4 scales best and about equal, E8M0 worse; smaller blocks better,
+    the gain fading below 16) on these gradients, each difference of ln MSE decided against `margin`."""
+
+    element: str = "e2m1fn"
+    scales: tuple[str, ...] = BLOCK_SCALES
+    blocks: tuple[int, ...] = (8, 16, 32, 64, 128)
+    batches: int = 1
+    margin: float = math.log(1.25)
+    correlation_margin: float = 0.5
+
+    def __post_init__(self) -> None:
+        for scale in self.scales:
+            for block in self.blocks:
+                BlockFormat(self.element, block, scale)  # a clear error for any bad combination
+        missing = [need for need in ("e8m0fnu", "e4m3fn") if need not in self.scales]
+        if missing or 16 not in self.blocks or 32 not in self.blocks:
+            raise ValueError(
+                "scales must include e8m0fnu and e4m3fn and blocks 16 and 32 (FP4 All the Way's "
+                f"comparisons); got scales {self.scales}, blocks {self.blocks}"
+            )
+        if self.batches < 1 or not self.margin > 0 or not 0 <= self.correlation_margin < 1:
+            raise ValueError("batches must be at least 1, margin positive, correlation_margin in [0, 1)")
+
+
+register(
+    id="C5",
+    slug="scale_formats",
+    stage="blocks",
+    title="Scale formats and block sizes: the theory's ranking against the real gradients, and FP4 All the "
+    "Way's ordering",
+    params=ScaleFormats,
 )

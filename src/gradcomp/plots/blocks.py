@@ -1,4 +1,4 @@
-"""C1, C2: block-scaled gradient formats, drawn from their records."""
+"""C1, C2, C5: block-scaled gradient formats, drawn from their records."""
 
 from __future__ import annotations
 
@@ -69,4 +69,25 @@ def block_theory(record: Record) -> Figure:
     )
     ax.set(ylabel="ln(MSE blocks / MSE per layer)")
     ax.set_title("(c) blocks against per-layer scaling", fontsize=9)
+    return figure
+
+
+def scale_formats(record: Record) -> Figure:
+    rows = record.rows()
+    models = list(dict.fromkeys(row["model"] for row in rows))
+    scales = list(dict.fromkeys(row["scale"] for row in rows))
+    figure, axes = subplots(ncols=len(models), width=3.2, height=3.4)
+    for ax, model in zip(axes[0], models, strict=True):
+        for index, scale in enumerate(scales):
+            mine = sorted(
+                (r for r in rows if r["model"] == model and r["scale"] == scale), key=lambda r: r["block"]
+            )
+            blocks = [r["block"] for r in mine]
+            colour = f"C{index}"
+            ax.plot(blocks, [value(r, "mse") for r in mine], "o-", color=colour, label=scale, markersize=4)
+            ax.plot(blocks, [value(r, "predicted_mse") for r in mine], "--", color=colour, linewidth=1)
+        ax.set(xscale="log", yscale="log", xlabel="block size", ylabel="relative MSE")
+        ax.set_xticks(blocks, [str(b) for b in blocks])
+        ax.set_title(model, fontsize=9)
+    axes[0][0].legend(fontsize=7, title="scale (solid: measured,\ndashed: iid theory)", title_fontsize=6)
     return figure
