@@ -40,6 +40,7 @@ from gradcomp.experiments.convergence import Budgets
 from gradcomp.experiments.distributions import GoodnessOfFit
 from gradcomp.experiments.failure import LateSwitch, NoiseRatios, Stalls
 from gradcomp.experiments.fp import FailurePairs, FpTheory, Scaling
+from gradcomp.experiments.recipes import Recipes
 from gradcomp.experiments.sequels import Successors
 from gradcomp.experiments.sparsity import Calibration, Heterogeneous, SyntheticSparsity
 from gradcomp.experiments.statquant import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
@@ -93,6 +94,7 @@ __all__ = [
     "Params",
     "PruneWithFp",
     "RangePredictor",
+    "Recipes",
     "ScaleFormats",
     "Scaling",
     "Stalls",
