@@ -37,6 +37,7 @@ from gradcomp.analysis.verdicts import (
     Comparison,
     Pair,
     compare,
+    correlation_pair,
     one_sample,
     prediction_pair,
     summarise,
@@ -462,13 +463,10 @@ def _ranking_pairs(settings: ScaleFormats, family: str, errors: PerSeed, labels:
                 x, y = zip(*pairs_of_seed, strict=True)
                 per_seed[seed] = float(stats.spearmanr(x, y).statistic)
         pairs.append(
-            one_sample(
+            correlation_pair(
                 f"{family}: Spearman(predicted, measured MSE) over {len(labels)} arms, {kind} model",
                 per_seed,
-                0.0,
-                "no association",
-                margin=settings.correlation_margin,
-                higher_is_better=True,
+                settings.correlation_margin,
                 family=RANKING,
                 role=family,
                 arm=kind,

@@ -33,7 +33,7 @@ from gradcomp.analysis.verdicts import (
     Pair,
     by_arm,
     compare,
-    one_sample,
+    correlation_pair,
     prediction_pair,
     summarise,
 )
@@ -322,13 +322,10 @@ def _correlation_pairs(settings: Stalls, rows: list[dict], scale: str) -> list[P
                         [r[f"{kind}_below"] for r in mine], [-r["gap_pt"] for r in mine]
                     ).statistic
                 )
-        pair = one_sample(
+        pair = correlation_pair(
             f"Spearman(accuracy loss, time with {kind} R < {settings.threshold:.3g}) over the runs",
-            {seed: rho for seed, rho in per_seed.items() if not math.isnan(rho)},
-            0.0,
-            "no association",
-            margin=settings.correlation_margin,
-            higher_is_better=True,
+            per_seed,
+            settings.correlation_margin,
             role=SPEARMAN,
             arm=kind,
             scale=scale,

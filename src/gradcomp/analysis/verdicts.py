@@ -609,6 +609,13 @@ def one_sample(
     return Pair(name, reference or number(target), values, target, **{**defaults, **pair})
 
 
+def correlation_pair(name: str, per_seed: Mapping[int, float], margin: float, **pair) -> Pair:
+    """A rank correlation per seed (NaNs left out) against none: superiority beyond `margin`, where it
+    orders most of what it ranks rather than merely correlating."""
+    values = {seed: rho for seed, rho in per_seed.items() if not math.isnan(rho)}
+    return one_sample(name, values, 0.0, "no association", margin=margin, higher_is_better=True, **pair)
+
+
 def prediction_pair(name: str, ln_ratios: Mapping[int, float], reference: str, margin: float, **pair) -> Pair:
     """A measurement against its prediction as the ln of their ratio per seed, against 0: the prediction
     holds where the ratio is equivalent to 1 within exp(+-margin)."""

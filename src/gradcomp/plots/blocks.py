@@ -6,22 +6,13 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from gradcomp.analysis.tables import Record
-from gradcomp.plots.style import gap_points, subplots, value
+from gradcomp.plots.style import accuracy_gaps, subplots, value
 
 
 def block_formats(record: Record) -> Figure:
     arms = [row for row in record.rows() if row["bits"] < 32]
     figure, axes = subplots(ncols=1, width=max(5.0, 0.7 * len(arms) + 2), height=4.2)
-    ax = axes[0][0]
-    several = len({row["model"] for row in arms}) > 1
-    labels = [f"{row['label']}\n({row['model']})" if several else row["label"] for row in arms]
-    positions = np.arange(len(arms))
-    gap_points(ax, arms, positions, fmt="o", color="C0")
-    ax.axhline(0, color="k", linestyle="--", linewidth=1, label="uncompressed run of the model")
-    ax.set_xticks(positions, labels, fontsize=7, rotation=30, ha="right")
-    ax.set(ylabel="accuracy - uncompressed (pt)")
-    ax.set_title("accuracy against the uncompressed run (95 % CI)", fontsize=9)
-    ax.legend(fontsize=7, loc="lower left")
+    accuracy_gaps(axes[0][0], arms, "label", "accuracy against the uncompressed run (95 % CI)")
     return figure
 
 

@@ -115,6 +115,20 @@ def accuracy_points(ax: Axes, record: Record, rows: Sequence[dict], colour: str)
     return positions
 
 
+def accuracy_gaps(ax: Axes, arms: Sequence[dict], label: str, title: str) -> None:
+    """Each arm's accuracy gap to the uncompressed run of its model (C1, C4), named by its `label` column
+    (and its model where there are several)."""
+    several = len({row["model"] for row in arms}) > 1
+    labels = [f"{row[label]}\n({row['model']})" if several else row[label] for row in arms]
+    positions = np.arange(len(arms))
+    gap_points(ax, arms, positions, fmt="o", color="C0")
+    ax.axhline(0, color="k", linestyle="--", linewidth=1, label="uncompressed run of the model")
+    ax.set_xticks(positions, labels, fontsize=7 if len(arms) < 12 else 6, rotation=30, ha="right")
+    ax.set(ylabel="accuracy - uncompressed (pt)")
+    ax.set_title(title, fontsize=9)
+    ax.legend(fontsize=7, loc="lower left")
+
+
 def gap_points(ax: Axes, rows: Sequence[dict], positions: Sequence[float], **style) -> None:
     """Each row's paired difference from its reference (the estimate "gap_pt") with its 95 % interval;
     filled where the verdict is better or worse, hollow otherwise (`style`: errorbar's, e.g. fmt="s")."""
