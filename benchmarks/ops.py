@@ -267,6 +267,26 @@ def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Calla
             moved + read,
             "",
         ),
+        (
+            "quantize_block e2m1/16 ue5m3",
+            lambda: quantize_block(x, "e2m1fn", 16, "e5m3fnu", backend=backend),
+            moved + read,
+            "quantize_block nvfp4",
+        ),
+        (
+            "quantize_block nvfp4 four over six",
+            lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn", scale_rule="four_over_six", backend=backend),
+            moved + read,
+            "quantize_block nvfp4",
+        ),
+        (
+            "quantize_block nvfp4 outer 128 + hadamard 16 stochastic",
+            lambda: quantize_block(
+                x, "e2m1fn", 16, "e4m3fn", rounding="stochastic", seed=0, hadamard=16, outer=128, backend=backend
+            ),
+            moved,
+            "",
+        ),
         ("hadamard 16", lambda: hadamard(x, 16, seed=0, backend=backend), moved, ""),
     ]
 
