@@ -282,8 +282,9 @@ def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Calla
         (
             "quantize_block nvfp4 outer 128 + hadamard 16 stochastic",
             lambda: quantize_block(
-                x, "e2m1fn", 16, "e4m3fn", rounding="stochastic", seed=0, hadamard=16, outer=128, backend=backend
-            ),
+                x, "e2m1fn", 16, "e4m3fn", rounding="stochastic", seed=0, hadamard=16, outer=128,
+                backend=backend,
+            ),  # fmt: skip
             moved,
             "",
         ),
