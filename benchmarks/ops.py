@@ -213,6 +213,7 @@ def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Calla
     moved = 2 * x.numel() * x.element_size()  # read + write, as a copy
     read = moved / 2
     k = max(1, int((1 - SPARSITY) * x.numel()))
+    tetrajet = {"hadamard": 16, "outer": 128, "backend": backend}  # TetraJet-v2's copies
 
     def topk_prune() -> torch.Tensor:  # the exact magnitude at the target quantile by selection
         return stochastic_prune(x, torch.topk(x.abs().flatten(), k, sorted=False).values.min(), 0, backend)
@@ -281,10 +282,7 @@ def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Calla
         ),
         (
             "quantize_block nvfp4 outer 128 + hadamard 16 stochastic",
-            lambda: quantize_block(
-                x, "e2m1fn", 16, "e4m3fn", rounding="stochastic", seed=0, hadamard=16, outer=128,
-                backend=backend,
-            ),  # fmt: skip
+            lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn", rounding="stochastic", seed=0, **tetrajet),
             moved,
             "",
         ),
