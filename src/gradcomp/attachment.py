@@ -48,7 +48,7 @@ from gradcomp import choices
 from gradcomp._backend import Backend
 from gradcomp.compress import GradientCopy, LayerStats, check_dtype, compress, plan
 from gradcomp.config import CompressionConfig
-from gradcomp.noise_monitor import NoiseMonitor
+from gradcomp.noise_monitor import GUARDED, NoiseMonitor
 from gradcomp.policies import Chain, Policy
 from gradcomp.rng import mix32, resolve_seed
 
@@ -173,7 +173,13 @@ class Attachment:
         for index in self.noise.finish():
             self._switch(self.layers[index], step)
         if self.config.keep_worst and step is not None and step == self._first_noise_step:
-            ranked = sorted((ratio, index) for index, ratio in self.noise.ratios.items() if ratio is not None)
+            rows = [row for row in self.noise.history if row["step"] == step]
+            ratios = {row["layer"]: row[f"{GUARDED}_ratio"] for row in rows}
+            ranked = sorted(
+                (ratios[layer.name], layer.index)
+                for layer in self.layers
+                if ratios.get(layer.name) is not None
+            )
             for _, index in ranked[: self.config.keep_worst]:
                 self._switch(self.layers[index], step)
 

@@ -70,7 +70,6 @@ class NoiseMonitor:
     layers: dict[int, LayerNoise] = field(default_factory=dict)  # by the attachment's layer index
     history: list[dict] = field(default_factory=list)
     pending: int | None = None  # the noise step whose values are not yet on the host
-    ratios: dict[int, float | None] = field(default_factory=dict)  # the guard's R at the last finished step
 
     def due(self, step: int) -> bool:
         return self.config.noise_every is not None and step % self.config.noise_every == 0
@@ -128,12 +127,10 @@ class NoiseMonitor:
             return []
         noise_step, self.pending = self.pending, None
         below = []
-        self.ratios = {}
         for index, layer in self.layers.items():
             if layer.energy is None:
                 continue
             self.history.append(self._row(noise_step, layer))
-            self.ratios[index] = self.history[-1][f"{GUARDED}_ratio"]
             if layer.below >= self.config.guard_patience:
                 below.append(index)
             layer.energy = layer.compressed = layer.measured = layer.input = None

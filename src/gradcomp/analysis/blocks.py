@@ -528,10 +528,9 @@ def scale_formats(settings: ScaleFormats, runs: dict[str, RunGroup]) -> Result:
     rows, pairs, predicted = [], [], {}
     for group in groups:
         errors = family_errors(settings, group, {policy.label: policy for policy in arms.values()})
-        for (scale, block), label in labels.items():
-            for row in errors.rows():
-                if row["arm"] == label:
-                    rows.append({"model": group.name, "scale": SCALE_LABELS[scale], "block": block, **row})
+        by_arm = {row["arm"]: row for row in errors.rows()}
+        rows += [{"model": group.name, "scale": SCALE_LABELS[scale], "block": block, **by_arm[label]}
+                 for (scale, block), label in labels.items() if label in by_arm]  # fmt: skip
         pairs += _ranking_pairs(settings, group.name, errors, list(labels.values()))
         ordering, theory = _ordering_pairs(settings, group.name, errors, labels)
         pairs += ordering
@@ -579,4 +578,4 @@ def _c5_caption(settings: ScaleFormats, groups: list[RunGroup]) -> str:
         {settings.correlation_margin:g}; FP4 All the Way's figures 1-2 (training loss of a 350M model: E4M3
         and E3M4 scales best and about equal, E8M0 worse, smaller blocks better with the gain fading below
         16) as differences of ln MSE on these gradients, paired by seed, within ±{settings.margin:.3g} (a
-        factor 1.25) counting as none; each question its own Holm family."""
+        factor {math.exp(settings.margin):.3g}) counting as none; each question its own Holm family."""

@@ -22,12 +22,9 @@ def _row(group: RunGroup) -> dict:
     """A run's row: its recipe, bits per gradient element and, per kind of R, the mean over seeds of its
     model-wide R averaged over the noise steps it logged."""
     row = {**run_row(group), "recipe": group.label, "bits": group.policy.bits_per_element({})}
+    histories = [noise_history(run) for run in group.runs.values()]  # each run's metrics read once
     for kind in KINDS:
-        means = []
-        for run in group.runs.values():
-            ratios = [ratio for _, ratio in noise_history(run)[kind]]
-            if ratios:
-                means.append(statistics.fmean(ratios))
+        means = [statistics.fmean(r for _, r in history[kind]) for history in histories if history[kind]]
         row |= Estimate.of(means, LINEAR).columns(f"{kind}_R")
     return row
 

@@ -15,7 +15,6 @@ from gradcomp._backend import compute_layout
 from gradcomp.block_format import (
     FLOAT32_MAX,
     FOUR_OVER_SIX_ENCODE,
-    NVFP4_SCALE_MAX,
     BlockFormat,
     prescale_shift,
     transform_norm,
@@ -331,8 +330,8 @@ def quantize_block_triton(
     k0, k1 = seed_keys(seed)
     s0, s1 = seed_keys(sign_seed) if sign_seed is not None else (0, 0)
     shift = prescale_shift(hadamard)
-    te = fmt.rule == "te"
-    from_tensor_max = fmt.from_tensor_max
+    from_tensor_max = fmt.from_tensor_max  # TE and Four Over Six: no prescale, no floor on the statistic
+    prescaled_from = float("inf") if from_tensor_max else 2.0 ** (127 - shift)
     te_encode, te_reciprocal, te_decode = fmt.te_constants
     constants = dict(
         SIZE=size,
@@ -340,9 +339,7 @@ def quantize_block_triton(
         H=hadamard,
         H_STAGES=max(hadamard.bit_length() - 1, 0),
         H_NORM=transform_norm(hadamard) if hadamard else 1.0,
-        H_BIG=float("inf")
-        if from_tensor_max
-        else 2.0 ** (127 - shift),  # TE and Four Over Six do not prescale
+        H_BIG=prescaled_from,
         H_DOWN=2.0**-shift,
         H_UP=2.0**shift,
         SIGNS=sign_seed is not None,
@@ -361,7 +358,7 @@ def quantize_block_triton(
         S_TIE_OFFSET=scale_plan.tie_offset,
         **{f"S_{key}": value for key, value in _rounding_constants(scale_plan).items()},
         S_ULP=fmt.scale_ulp_bits,
-        TE=te,
+        TE=fmt.rule == "te",
         FOUR_OVER_SIX=fmt.rule == "four_over_six",
         TENSOR_MAX=from_tensor_max,
         STAGES=size.bit_length() - 1,
@@ -371,7 +368,7 @@ def quantize_block_triton(
         TE_DECODE=te_decode,
         FLOAT32_MAX=FLOAT32_MAX,
         SCALE_MIN=scale_min,
-        SCALE_MAX=NVFP4_SCALE_MAX if te else scale_max,
+        SCALE_MAX=scale_max,
         NEGATIVE_ZERO=plan.negative_zero,
         OUT_MAX=float(torch.finfo(blocks.dtype).max),
         COUNT_ZEROS=zeros is not None,

@@ -53,7 +53,7 @@ from gradcomp.block_format import (
     check_transform_size,
 )
 from gradcomp.choices import ROUNDINGS, choose
-from gradcomp.formats import E4M3FN, FPFormat
+from gradcomp.formats import FPFormat
 from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.ops._chunked import CHUNK
 from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
@@ -63,7 +63,6 @@ from gradcomp.rng import chunk_counter, hash_counter, random_bits, resolve_seed
 from gradcomp.rounding import RoundingPlan
 
 FLOAT32 = compute_layout(torch.float32)
-TE_SCALE_PLAN = RoundingPlan.build(E4M3FN, FLOAT32)  # TE's block scales, saturated at E4M3's largest value
 
 
 def quantize_block(
@@ -310,11 +309,13 @@ def _quantize_finite(
         )
         statistic = _finish_statistic(largest, fmt).repeat_interleave(rows_per_outer, 0)
     if fmt.rule == "four_over_six":
-        scaled, rounded, dequantized, scale = _four_over_six(magnitude, amax, statistic, plan, random)
+        scaled, rounded, dequantized, scale = _four_over_six(
+            magnitude, amax, statistic, plan, scale_plan, random
+        )
         transformed = torch.where(scale > 0, transformed, 0.0)  # its elements are +0 (the authors' code)
     else:
         if fmt.rule == "te":
-            coefficient, total = _te_scales(amax, fmt, statistic)
+            coefficient, total = _te_scales(amax, fmt, scale_plan, statistic)
             scaled = magnitude * coefficient
         elif fmt.per_tensor:
             total = _two_level_scales(amax, fmt, scale_plan, unscale, statistic)
@@ -374,15 +375,17 @@ def power_of_two(exponent: Tensor) -> Tensor:
     return torch.where(exponent > -127, (exponent + 127) << 23, 1 << 22).view(torch.float32)
 
 
-def _te_scales(amax: Tensor, fmt: BlockFormat, largest: Tensor) -> tuple[Tensor, Tensor]:
+def _te_scales(
+    amax: Tensor, fmt: BlockFormat, scale_plan: RoundingPlan, largest: Tensor
+) -> tuple[Tensor, Tensor]:
     """Transformer Engine's NVFP4 cast (`gradcomp.block_format`, rule "te"): each block's element
-    coefficient and decode factor (float32), in TE's order of operations; `largest`: the tensor's largest
-    magnitude."""
+    coefficient and decode factor (float32), in TE's order of operations (`scale_plan`: E4M3's rounding);
+    `largest`: the tensor's largest magnitude."""
     encode_max, reciprocal_max, decode_max = fmt.te_constants
     encode = torch.clamp_max(encode_max / largest, FLOAT32_MAX)
     encode = torch.where((largest > 0) & (encode > 0), encode, 1.0)
     block_scale = amax * (encode * reciprocal_max)
-    block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, TE_SCALE_PLAN, FLOAT32)
+    block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, scale_plan, FLOAT32)
     coefficient = torch.clamp_max(1.0 / (block_scale * (1.0 / encode)), FLOAT32_MAX)
     decode = block_scale * largest * decode_max
     # TE's order overflows where the tensor's largest magnitude exceeds FLT_MAX / 448: the other order there
@@ -390,7 +393,12 @@ def _te_scales(amax: Tensor, fmt: BlockFormat, largest: Tensor) -> tuple[Tensor,
 
 
 def _four_over_six(
-    magnitude: Tensor, amax: Tensor, largest: Tensor, plan: RoundingPlan, random: Tensor | None
+    magnitude: Tensor,
+    amax: Tensor,
+    largest: Tensor,
+    plan: RoundingPlan,
+    scale_plan: RoundingPlan,
+    random: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
     """Four Over Six (`gradcomp.block_format`): (the magnitudes in units of the chosen scale, their rounded
     values, the dequantized magnitudes, the chosen E4M3 scale), each block at whichever of its two scales
@@ -400,7 +408,7 @@ def _four_over_six(
     six = amax / plan.max_value * encode
     candidates = []
     for high in (six, six * 1.5):
-        scale = _round(high, None, TE_SCALE_PLAN, FLOAT32)
+        scale = _round(high, None, scale_plan, FLOAT32)
         scaled = torch.where(scale > 0, magnitude * (1.0 / (decode * scale)), 0.0)
         rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
         dequantized = rounded * scale * largest / FOUR_OVER_SIX_ENCODE
