@@ -67,6 +67,8 @@ TRANSFORMS = [
     ({"hadamard": 32}, -1),
     ({**NVFP4, "hadamard": 16}, 1),
     ({"hadamard": 16}, 0),
+    ({**NVFP4, "scale": "e5m3fnu", "outer": 64}, -1),
+    ({**NVFP4, "scale_rule": "four_over_six", "hadamard": 16}, 0),
 ]
 
 
@@ -754,6 +756,11 @@ def test_four_over_six_matches_on_both_backends(kernel_device, hadamard):
             x, element="e2m1fn", block_size=16, scale="e4m3fn", scale_rule="four_over_six", hadamard=hadamard,
             rounding=rounding, seed=3,
         )  # fmt: skip
+    # beyond float32's largest / 2304, ((q * s) * amax) / 1536 overflows: the other order, finite
+    huge = torch.where(torch.isfinite(x), x, 0.0) * 2.0**110
+    assert float(huge.abs().max()) > 3.4e38 / 2304
+    _same_on_both_backends(huge, element="e2m1fn", block_size=16, scale="e4m3fn", scale_rule="four_over_six")
+    assert torch.isfinite(quantize_block(huge, "e2m1fn", 16, "e4m3fn", scale_rule="four_over_six")).all()
     with pytest.raises(ValueError, match="four_over_six"):
         quantize_block(x, "e2m1fn", 32, scale_rule="four_over_six")
 
