@@ -10,10 +10,7 @@ from torch import nn
 from gradcomp import log_moments, lognormal_threshold, quantize_block, stochastic_prune
 from gradcomp._backend import COMPILE_ENV, CpuCompiled
 from gradcomp.attachment import attach
-from gradcomp.block_format import BlockFormat, check_rule
 from gradcomp.config import CompressionConfig
-from gradcomp.ops._blocks import as_blocks
-from gradcomp.ops.block import _quantize, sign_source
 from gradcomp.ops.prune import _prune_chunk
 from gradcomp.ops.stats import _log_sums
 
@@ -132,13 +129,17 @@ BLOCK_CASES = [
 @pytest.mark.parametrize(("options", "rounding"), BLOCK_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_compiled_block_quantization_is_bit_exact(monkeypatch, options, rounding, dtype):
-    """Over chunks of rows (three here), compiled and eager, against the whole tensor at once."""
-    x = lognormal_gradient((20_000, 32), sigma=2.0, specials=False).to(dtype)
-    eager, compiled = _both(monkeypatch, lambda: quantize_block(x, rounding=rounding, seed=9, **options))
-    assert same_bits(compiled, eager)
-    fmt = BlockFormat(options["element"], options.get("block_size", 32), options.get("scale", "e8m0fnu"),
-                      check_rule(options.get("scale_rule"), rounding))  # fmt: skip
-    blocks, restore = as_blocks(x, fmt.block_size, -1)
-    sign_seed = sign_source(options.get("signs", "seed"), 9)
-    whole = _quantize(blocks, fmt, rounding == "stochastic", 9, options.get("hadamard", 0), sign_seed)
-    assert same_bits(eager, restore(whole.out.to(dtype)))
+    """Compiled against eager, with non-finite values, the layouts of other axes and of padded ones, and
+    the zero count fused in."""
+    x = lognormal_gradient((20_000, 32), sigma=2.0).to(dtype)
+    layouts = ((x, -1), (x[:, :24], -1), (x.view(500, 40, 32), 1))
+    for tensor, axis in layouts if dtype == torch.float32 else layouts[:1]:
+
+        def quantize(tensor=tensor, axis=axis):
+            zeros = torch.zeros((), dtype=torch.int64)
+            options_here = {"rounding": rounding, "seed": 9, "axis": axis, "count_zeros_into": zeros}
+            return quantize_block(tensor, **options_here, **options), zeros
+
+        (eager, eager_zeros), (compiled, compiled_zeros) = _both(monkeypatch, quantize)
+        assert same_bits(compiled, eager) and compiled.shape == tensor.shape
+        assert int(compiled_zeros) == int(eager_zeros) == int((eager == 0).sum())

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import os
+import types
 import warnings
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -117,6 +118,11 @@ class CpuCompiled:
     makes every-step compression cheap on CPUs). It is the same function: the eager call is its oracle and
     the fallback, used where GRADCOMP_COMPILE=0, for other devices and inside `count_work`.
 
+    Each configuration of the arguments that are not tensors (a format, a flag; hashable) gets its own
+    compiled copy of the function (a copy of its code: torch.compile caches by code object and falls back
+    to eager code, silently, past a few variants of one), so that any number of formats in one process
+    (the pipeline's arms, the benchmarks) each run compiled.
+
     A compiled call that fails is retried eagerly. If the eager call fails too, the inputs are at fault: its
     error is raised and compiling stays on. If it succeeds, the compiler is missing or cannot handle these
     argument dtypes: they run eagerly from then on (same results, slower), with one warning that says why,
@@ -125,19 +131,22 @@ class CpuCompiled:
 
     def __init__(self, fn: Callable[..., Tensor]) -> None:
         self.fn = fn
-        self.compiled = None  # compiled at the first call that needs it (importing dynamo takes seconds)
+        self.compiled: dict[tuple, Callable[..., Tensor]] = {}  # by configuration, at its first call
         self.eager_signatures: set[tuple[torch.dtype, ...]] = set()  # argument dtypes compiling failed for
         functools.update_wrapper(self, fn)
 
+    def eager(self, first: Tensor, *args) -> bool:
+        """Whether a call with these tensor arguments runs eagerly."""
+        if first.device.type != "cpu" or not compile_enabled() or counting():
+            return True
+        return tuple(arg.dtype for arg in (first, *args) if isinstance(arg, Tensor)) in self.eager_signatures
+
     def __call__(self, first: Tensor, *args) -> Tensor:
-        signature = tuple(arg.dtype for arg in (first, *args) if isinstance(arg, Tensor))
-        eager = first.device.type != "cpu" or not compile_enabled() or counting()
-        if eager or signature in self.eager_signatures:
+        if self.eager(first, *args):
             return self.fn(first, *args)
+        signature = tuple(arg.dtype for arg in (first, *args) if isinstance(arg, Tensor))
         try:
-            if self.compiled is None:
-                self.compiled = torch.compile(self.fn, dynamic=True, fullgraph=True)
-            return self.compiled(first, *args)
+            return self._compiled_for(args)(first, *args)
         except Exception as error:  # classified by the eager retry below
             compile_error = error
         result = self.fn(first, *args)  # outside the handler: an error of the inputs is raised as it is
@@ -150,3 +159,16 @@ class CpuCompiled:
             stacklevel=2,
         )
         return result
+
+    def _compiled_for(self, args: tuple) -> Callable[..., Tensor]:
+        """The compiled copy for the configuration of `args` (importing dynamo at the first call takes
+        seconds)."""
+        key = tuple(None if isinstance(arg, Tensor) else arg for arg in args)
+        compiled = self.compiled.get(key)
+        if compiled is None:
+            fn = self.fn
+            copy = types.FunctionType(
+                fn.__code__.replace(), fn.__globals__, fn.__name__, fn.__defaults__, fn.__closure__
+            )
+            compiled = self.compiled[key] = torch.compile(copy, dynamic=True, fullgraph=True)
+        return compiled

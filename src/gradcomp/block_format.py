@@ -254,8 +254,15 @@ def check_transform_size(size: object, block_size: int | None = None) -> int:
 
 
 def transform_norm(size: int) -> float:
-    """1/sqrt(size) rounded to float32 (exact for even powers of two): the Hadamard transform's factor."""
-    return struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(size)))[0]
+    """1/sqrt(size) rounded to float32 (exact for even powers of two): the Hadamard transform's factor
+    (from a table, which compiled code reads as a constant)."""
+    return _TRANSFORM_NORMS[size]
+
+
+_TRANSFORM_NORMS = {
+    1 << k: struct.unpack("<f", struct.pack("<f", 1.0 / math.sqrt(1 << k)))[0]
+    for k in range(1, MAX_BLOCK.bit_length())
+}
 
 
 def prescale_shift(hadamard: int) -> int:

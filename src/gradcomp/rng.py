@@ -111,6 +111,20 @@ def chunk_counter(seed: int, numel: int, device: torch.device | str, start: int 
     return ChunkCounter(_short_counter(device)[:numel], as_tensor(first), as_tensor(high))
 
 
+def counter_keys(seed: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
+    """(first, high) of `_keys_at` for the counters from 0, as 0-d int32 tensors on `device` (so that a
+    compiled function takes every seed without recompiling): `counter_bits` turns them into bits."""
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
+    return tuple(as_tensor(key) for key in _keys_at(*seed_keys(seed), 0))  # type: ignore[return-value]
+
+
+def counter_bits(numel: int, first: Tensor, high: Tensor) -> Tensor:
+    """`random_bits` of positions 0, ..., numel - 1 (numel <= 2^32) from their `counter_keys`; compiled, the
+    counter is index arithmetic."""
+    base = torch.arange(numel, dtype=torch.int64, device=first.device).to(torch.int32)
+    return hash_counter(base, first, high)
+
+
 def hash_counter(base: Tensor, first: Tensor | int, high: Tensor | int) -> Tensor:
     """The random bits of a `ChunkCounter` (int32 sums wrap mod 2^32, which is the bit pattern we want)."""
     counter = base + first

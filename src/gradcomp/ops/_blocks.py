@@ -24,7 +24,7 @@ def as_blocks(x: Tensor, size: int, axis: int) -> tuple[Tensor, Callable[[Tensor
     blocks = moved.contiguous().view(-1, size)
 
     def restore(out: Tensor) -> Tensor:
-        out = out.view(*moved.shape)[..., :length]
+        out = out.reshape(*moved.shape)[..., :length]
         return out.movedim(-1, axis).contiguous() if axis not in (-1, x.dim() - 1) or padding else out
 
     return blocks, restore

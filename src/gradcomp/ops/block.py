@@ -55,11 +55,10 @@ from gradcomp.block_format import (
 from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import FPFormat
 from gradcomp.ops._blocks import as_blocks, check_axis
-from gradcomp.ops._chunked import CHUNK
 from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
 from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, prescales, transform_signs
-from gradcomp.ops.stats import add_zero_count, check_counter
-from gradcomp.rng import chunk_counter, hash_counter, random_bits, resolve_seed
+from gradcomp.ops.stats import add_zero_count, check_counter, count_zeros
+from gradcomp.rng import counter_bits, counter_keys, random_bits, resolve_seed
 from gradcomp.rounding import RoundingPlan
 
 FLOAT32 = compute_layout(torch.float32)
@@ -111,17 +110,14 @@ def quantize_block(
     sign_seed = sign_source(signs, seed)
     if x.numel() == 0:
         return x.clone()
-    blocks, restore = format_blocks(x, fmt, axis)
-    if use_triton(x, backend):
-        from gradcomp.kernels.block import quantize_block_triton
+    if not use_triton(x, backend):
+        return _torch_path(x, fmt, axis, stochastic, seed, hadamard, sign_seed, count_zeros_into)
+    from gradcomp.kernels.block import quantize_block_triton
 
-        length = x.shape[axis] if x.dim() else 1
-        out = quantize_block_triton(
-            blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into, sign_seed
-        )
-        return restore(out)
-    out = quantize_blocks(blocks, fmt, stochastic, seed, hadamard, sign_seed)
-    return add_zero_count(restore(out), count_zeros_into)
+    blocks, restore = format_blocks(x, fmt, axis)
+    length = x.shape[axis] if x.dim() else 1
+    out = quantize_block_triton(blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into, sign_seed)
+    return restore(out)
 
 
 def format_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
@@ -149,95 +145,105 @@ class _Parts(NamedTuple):
     out: Tensor  # the result, float32
 
 
-def quantize_blocks(
-    blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
+def _torch_path(
+    x: Tensor,
+    fmt: BlockFormat,
+    axis: int,
+    stochastic: bool,
+    seed: int,
+    hadamard: int,
+    sign_seed: int | None,
+    counter: Tensor | None,
 ) -> Tensor:
-    """The torch implementation on rows of block_size elements (the oracle of the kernel). Where every value
-    is finite it runs over chunks of rows, after one pass for the per-tensor statistic where the format has
-    one, compiled on CPU (`CpuCompiled`) but with the transform (its unrolled butterflies took inductor
-    minutes to compile) and under Four Over Six (inductor's fusion of its two candidates changed which one
-    some blocks chose): those chunks run eagerly; else `_quantize` on the whole tensor."""
-    values = blocks.float()
-    if not torch.isfinite(values.sum()):  # a host sync, harmless on this path
-        return _quantize(blocks, fmt, stochastic, seed, hadamard, sign_seed).out.to(blocks.dtype)
-    rows, size = values.shape
-    signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
-    step = max(1, CHUNK // size)
-    chunks = [(start, values[start : start + step]) for start in range(0, rows, step)]
-    statistic = values.new_zeros(())
-    statistic_of, quantized_of = (
-        (_chunk_statistic.fn, _chunk_out.fn)
-        if hadamard or fmt.rule == "four_over_six"
-        else (_chunk_statistic, _chunk_out)
-    )
-    if fmt.per_tensor and not fmt.outer:  # outer blocks lie within a chunk: each takes its own there
-        partial = torch.stack([statistic_of(chunk, signs, fmt, hadamard) for _, chunk in chunks])
-        statistic = _finish_statistic(partial.amax(), fmt)
-    out, out_max = torch.empty_like(blocks), torch.finfo(blocks.dtype).max
-    plan = RoundingPlan.build(fmt.element_format, FLOAT32)
-    scale_plan = RoundingPlan.build(fmt.scale_format, FLOAT32)
-    for start, chunk in chunks:
-        counter = (
-            chunk_counter(seed, chunk.numel(), blocks.device, start * size) if stochastic else (None,) * 3
+    """The torch implementation (the kernel's oracle) on x's rows of blocks: one call of `_quantize_rows`,
+    compiled on CPU (`CpuCompiled`: a few fused loops), but under Four Over Six, whose two candidates
+    inductor fused into a different choice for some blocks: eagerly there."""
+    blocks, restore = format_blocks(x, fmt, axis)
+    if blocks.numel() > MAX_TORCH_ELEMENTS:
+        raise ValueError(
+            f"quantize_block's torch path takes at most 2^32 elements (the axis padded to a multiple of "
+            f"{fmt.outer or fmt.block_size}), got {blocks.numel()}: quantize the tensor in parts"
         )
-        quantized = quantized_of(
-            chunk, statistic, signs, *counter, fmt, plan, scale_plan, stochastic, hadamard, out_max
-        )
-        out[start : start + step] = quantized.to(blocks.dtype)
-    return out
+    signs = transform_signs(sign_seed, hadamard, x.device) if hadamard else None
+    keys = counter_keys(seed, x.device) if stochastic else (None, None)
+    plans = RoundingPlan.build(fmt.element_format, FLOAT32), RoundingPlan.build(fmt.scale_format, FLOAT32)
+    quantize = _quantize_rows.fn if fmt.rule == "four_over_six" else _quantize_rows
+    # eagerly, the masks of non-finite values cost passes of their own where there are none (a host sync,
+    # harmless on CPUs, tells); compiled, they are a few operations inside the loop
+    rows = blocks.detach()  # not a view: no guards on its base
+    finite = quantize is _quantize_rows.fn or _quantize_rows.eager(rows, signs, *keys)
+    finite = finite and bool(torch.isfinite(rows.sum()))
+    padding = blocks.numel() - x.numel()  # zeros in, zeros out, but where the transform mixes them in
+    count = counter is not None and not (hadamard and padding)
+    out, zeros = quantize(rows, signs, *keys, fmt, *plans, hadamard, finite, count)
+    if count:
+        counter += (zeros - padding).view(counter.shape)
+    return add_zero_count(restore(out), None if count else counter)
+
+
+MAX_TORCH_ELEMENTS = 1 << 32  # the counter of the random bits keeps one high word below it
 
 
 @CpuCompiled
-def _chunk_statistic(values: Tensor, signs: Tensor | None, fmt: BlockFormat, hadamard: int) -> Tensor:
-    """The largest of a chunk's candidates for the per-tensor statistic (`_tensor_statistic`)."""
-    transformed, unscale = _transformed(values, signs, fmt, hadamard)
-    return _tensor_statistic(transformed.abs().amax(1, keepdim=True), fmt, unscale)
-
-
-@CpuCompiled
-def _chunk_out(
-    values: Tensor,
-    statistic: Tensor,
+def _quantize_rows(
+    blocks: Tensor,
     signs: Tensor | None,
-    base: Tensor | None,
     first: Tensor | None,
     high: Tensor | None,
     fmt: BlockFormat,
     plan: RoundingPlan,
     scale_plan: RoundingPlan,
-    stochastic: bool,
     hadamard: int,
-    out_max: float,
-) -> Tensor:
-    """One chunk of finite rows quantized, given the tensor's statistic (`signs`: the transform's, None
-    without it; the counter of its random bits, None without stochastic rounding)."""
-    random = hash_counter(base, first, high).view(values.shape) if stochastic else None
-    return _quantize_finite(values, statistic, signs, fmt, plan, scale_plan, random, hadamard, out_max).out
+    finite: bool,
+    count: bool,
+) -> tuple[Tensor, Tensor | None]:
+    """Contiguous rows of block_size elements quantized, in their dtype, all at once (`_quantize`), and
+    where `count`, their zeros; `first`, `high`: the random bits' keys (`counter_keys`), None for nearest
+    rounding; `finite`: every value is finite."""
+    random = None if first is None else counter_bits(blocks.numel(), first, high).view(blocks.shape)
+    out = _quantize(blocks, fmt, random, signs, plan, scale_plan, hadamard, finite).out.to(blocks.dtype)
+    return out, count_zeros(out) if count else None
 
 
 def _quantize(
-    blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
+    blocks: Tensor,
+    fmt: BlockFormat,
+    random: Tensor | None,
+    signs: Tensor | None,
+    plan: RoundingPlan,
+    scale_plan: RoundingPlan,
+    hadamard: int,
+    all_finite: bool = False,
 ) -> _Parts:
-    """The whole tensor at once, non-finite values included: they pass through, and with the transform
-    their whole group does (see the module)."""
+    """Rows of block_size elements quantized, non-finite values included: they pass through, and with the
+    transform their whole group does (see the module). `random`: the elements' random bits (None for
+    nearest rounding); `signs`: the transform's (`transform_signs`); `all_finite`: every value is known
+    to be finite (the same result without the masks)."""
     rows, size = blocks.shape
     values = blocks.float()
-    finite = torch.isfinite(values)
-    if hadamard:
+    finite = None if all_finite else torch.isfinite(values)
+    if hadamard and finite is not None:
         finite = finite.view(rows, -1, hadamard).all(-1, keepdim=True).expand(rows, -1, hadamard)
         finite = finite.reshape(rows, size)
-    kept = torch.where(finite, values, 0.0)
-    signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
+    kept = values if finite is None else torch.where(finite, values, 0.0)
     transformed, unscale = _transformed(kept, signs, fmt, hadamard)
     statistic = _finish_statistic(
         _tensor_statistic(transformed.abs().amax(1, keepdim=True), fmt, unscale), fmt
     )
-    random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
-    plan = RoundingPlan.build(fmt.element_format, FLOAT32)
-    scale_plan = RoundingPlan.build(fmt.scale_format, FLOAT32)
     out_max = torch.finfo(blocks.dtype).max
     parts = _quantize_finite(kept, statistic, signs, fmt, plan, scale_plan, random, hadamard, out_max)
-    return parts._replace(out=torch.where(finite, parts.out, values))
+    return parts if finite is None else parts._replace(out=torch.where(finite, parts.out, values))
+
+
+def _quantize_seeded(
+    blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
+) -> _Parts:
+    """`_quantize` with the random bits of `seed` and the transform's signs of `sign_seed`."""
+    rows, size = blocks.shape
+    random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
+    signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
+    plans = RoundingPlan.build(fmt.element_format, FLOAT32), RoundingPlan.build(fmt.scale_format, FLOAT32)
+    return _quantize(blocks, fmt, random, signs, *plans, hadamard)
 
 
 def _transformed(
@@ -350,7 +356,7 @@ def block_errors(
     their block's scale (clipped), and sum (out - x)^2 / sum x^2. The shares count the elements x has (not
     a trailing block's padding)."""
     blocks, _ = format_blocks(x.detach(), fmt, axis)
-    parts = _quantize(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
+    parts = _quantize_seeded(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
     nonzero = parts.transformed != 0
     flushed = (nonzero & (parts.rounded == 0)).sum() / nonzero.sum().clamp_min(1)
     clipped = (parts.scaled > fmt.element_format.max_value).sum() / x.numel()
