@@ -316,7 +316,7 @@ def quantize_block_triton(
     zeros: Tensor | None = None,
     sign_seed: int | None = None,
 ) -> Tensor:
-    """`quantize_blocks` on contiguous rows of block_size elements of a kernel dtype; `length` is the
+    """`quantize_block` on contiguous rows of block_size elements of a kernel dtype; `length` is the
     blocked axis's length (the rows' padding beyond it is not counted in `zeros`); the transform's signs
     from `sign_seed` (None: all +1)."""
     rows_total, size = blocks.shape

@@ -265,7 +265,7 @@ def _transformed(
 def _tensor_statistic(
     amax: Tensor, fmt: BlockFormat, unscale: Tensor | None, dim: int | None = None
 ) -> Tensor:
-    """What a per-tensor scale is made of, as a maximum over blocks (so that chunks combine by max): TE's
+    """What a per-tensor scale is made of, as a maximum over blocks: TE's
     largest magnitude (and Four Over Six's); torchao's largest amax / (S_max max_value) before its floor;
     0 for MX. With `dim`, the maxima along it (an outer block's, its rows along dim 1; kept as a column)."""
 
