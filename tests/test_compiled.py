@@ -131,6 +131,8 @@ BLOCK_CASES = [
 def test_compiled_block_quantization_is_bit_exact(monkeypatch, options, rounding, dtype):
     """Compiled against eager, with non-finite values, the layouts of other axes and of padded ones, and
     the zero count fused in."""
+    if dtype != torch.float32 and options.get("hadamard"):
+        pytest.skip("the transform computes in float32 after the same conversion: its compiles take seconds")
     x = lognormal_gradient((20_000, 32), sigma=2.0).to(dtype)
     layouts = ((x, -1), (x[:, :24], -1), (x.view(500, 40, 32), 1))
     for tensor, axis in layouts if dtype == torch.float32 else layouts[:1]:
