@@ -195,3 +195,15 @@ def test_sweep_hadamard_is_the_same_on_both_backends_and_inf_only_beyond_the_ran
     )  # |H D v / sqrt(n)| <= sqrt(n) max|v|
     fits = (bound <= torch.finfo(x.dtype).max / 1.01).repeat_interleave(size).view(x.shape)
     assert torch.isfinite(out[fits]).all()
+
+
+def test_the_torch_path_refuses_more_elements_than_its_random_counter_takes(monkeypatch):
+    """Beyond 2^32 elements (after padding) the counter of the random bits would change its high word
+    inside the one compiled call: a clear error instead (the limit lowered here to test it)."""
+    from gradcomp.ops import block
+
+    monkeypatch.setattr(block, "MAX_TORCH_ELEMENTS", 64)
+    x = torch.ones(2, 24)  # 48 elements, padded to 64 along the last axis: accepted
+    assert torch.equal(quantize_block(x, "e2m1fn", 32, backend="torch"), x)
+    with pytest.raises(ValueError, match="at most 2\\^32 elements"):
+        quantize_block(torch.ones(3, 24), "e2m1fn", 32, backend="torch")  # 96 after padding
