@@ -207,3 +207,12 @@ def test_the_torch_path_refuses_more_elements_than_its_random_counter_takes(monk
     assert torch.equal(quantize_block(x, "e2m1fn", 32, backend="torch"), x)
     with pytest.raises(ValueError, match="at most 2\\^32 elements"):
         quantize_block(torch.ones(3, 24), "e2m1fn", 32, backend="torch")  # 96 after padding
+
+
+@pytest.mark.parametrize("block_size", [32.0, True, [32]])
+def test_formats_built_once_per_setting_still_refuse_bad_settings(block_size):
+    """quantize_block builds each format once (a cache): a float or bool equal to a cached int, or an
+    unhashable value, still gets BlockFormat's own error."""
+    quantize_block(torch.ones(4), "e2m1fn", 32)  # 32 cached
+    with pytest.raises(ValueError, match="block_size must be a power of two"):
+        quantize_block(torch.ones(4), "e2m1fn", block_size)

@@ -36,6 +36,7 @@ value within a rounding step of it) saturate there.
 
 from __future__ import annotations
 
+import functools
 import numbers
 from collections.abc import Callable
 from typing import Literal, NamedTuple
@@ -100,7 +101,7 @@ def quantize_block(
     last, contiguous one or block_size (or outer) does not divide it; no host sync. Not differentiable."""
     x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
     choose("rounding", rounding, ROUNDINGS)
-    fmt = BlockFormat(element, block_size, scale, check_rule(scale_rule, rounding), outer)
+    fmt = block_format(element, block_size, scale, check_rule(scale_rule, rounding), outer)
     if hadamard:
         check_transform_size(hadamard, block_size)
     axis = check_axis(x, axis)
@@ -118,6 +119,18 @@ def quantize_block(
     length = x.shape[axis] if x.dim() else 1
     out = quantize_block_triton(blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into, sign_seed)
     return restore(out)
+
+
+def block_format(element: object, block_size: object, scale: object, rule: str, outer: object) -> BlockFormat:
+    """`BlockFormat(...)`, built once per setting (its checks take tens of microseconds, and a training step
+    asks for it at every gradient copy); unhashable arguments get BlockFormat's own error."""
+    try:
+        return _cached_format(element, block_size, scale, rule, outer)
+    except TypeError:  # unhashable: BlockFormat says what is wrong with it
+        return BlockFormat(element, block_size, scale, rule, outer)  # type: ignore[arg-type]
+
+
+_cached_format = functools.lru_cache(maxsize=64, typed=True)(BlockFormat)  # typed: 32.0 is refused
 
 
 def format_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
