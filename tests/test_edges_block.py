@@ -72,7 +72,9 @@ def test_float16_results_beyond_its_range_saturate(kernel_device):
 
 # --- stochastic rounding, unbiased wherever it is allowed ---------------------------------------------------
 UNBIASED = [{"element": "e2m1fn"}, {"element": "e2m1fn", "hadamard": 32}, NVFP4, {**NVFP4, "hadamard": 16},
-            {"element": "e4m3fn", "hadamard": 32}]  # fmt: skip
+            {"element": "e4m3fn", "hadamard": 32}, {**NVFP4, "scale": "float8_e3m4"},
+            {**NVFP4, "scale": "e5m3fnu"}, {**NVFP4, "outer": 128},
+            {**NVFP4, "scale": "e5m3fnu", "outer": 128, "hadamard": 16}]  # fmt: skip
 
 
 @pytest.mark.parametrize("options", UNBIASED)
