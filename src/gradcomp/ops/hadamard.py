@@ -98,17 +98,23 @@ def prescales(amax: Tensor, hadamard: int) -> tuple[Tensor, Tensor]:
 def butterfly(values: Tensor) -> Tensor:
     """H v / sqrt(n) along the last axis (n a power of two), float32, in the kernel's order of operations
     (contiguous). The position within the transform is the outer axis while the stages run, so that each
-    stage is two passes over contiguous halves (several times faster than strided pairs). An operator of
-    its own, so that compiled callers call it as it is: inductor inlined each stage into the next (every
-    output reading all n inputs) and took a minute to compile that into code slower than this."""
+    stage is two passes over contiguous halves, written into the other of two buffers (several times
+    faster than strided pairs). An operator of its own, so that compiled callers call it as it is:
+    inductor inlined each stage into the next (every output reading all n inputs) and took a minute to
+    compile that into code slower than this."""
     size = values.shape[-1]
-    columns = values.reshape(-1, size).t()  # (position, transform)
+    columns = values.reshape(-1, size).t().contiguous()  # (position, transform)
+    spare = torch.empty_like(columns)
     half = 1
     while half < size:  # stage: the sums and differences of the positions `half` apart
-        pairs = columns.reshape(size // (2 * half), 2, half, -1)
-        columns = torch.stack((pairs[:, 0] + pairs[:, 1], pairs[:, 0] - pairs[:, 1]), 1).reshape(size, -1)
+        shape = (size // (2 * half), 2, half, -1)
+        pairs, into = columns.view(shape), spare.view(shape)
+        torch.add(pairs[:, 0], pairs[:, 1], out=into[:, 0])
+        torch.sub(pairs[:, 0], pairs[:, 1], out=into[:, 1])
+        columns, spare = spare, columns
         half *= 2
-    return (columns * transform_norm(size)).t().reshape(values.shape).contiguous()
+    out = torch.empty(values.shape, dtype=values.dtype, device=values.device)
+    return torch.mul(columns.t().reshape(values.shape), transform_norm(size), out=out)
 
 
 @butterfly.register_fake
