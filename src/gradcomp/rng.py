@@ -106,21 +106,20 @@ def chunk_counter(seed: int, numel: int, device: torch.device | str, start: int 
     if numel > _SHORT or (numel and start // _CHUNK != (start + numel - 1) // _CHUNK):
         raise ValueError(f"a chunk is at most {_SHORT} elements in one 2^32 block, got {numel} at {start}")
     device = torch.device(device)
+    return ChunkCounter(_short_counter(device)[:numel], *counter_keys(seed, device, start))
+
+
+def counter_keys(seed: int, device: torch.device | str, start: int = 0) -> tuple[Tensor, Tensor]:
+    """(first, high) of `_keys_at` for the counters from `start`, as 0-d int32 tensors on `device` (so that a
+    compiled function takes every seed and offset without recompiling)."""
+    as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
     first, high = _keys_at(*seed_keys(seed), start)
-    as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
-    return ChunkCounter(_short_counter(device)[:numel], as_tensor(first), as_tensor(high))
-
-
-def counter_keys(seed: int, device: torch.device | str) -> tuple[Tensor, Tensor]:
-    """(first, high) of `_keys_at` for the counters from 0, as 0-d int32 tensors on `device` (so that a
-    compiled function takes every seed without recompiling): `counter_bits` turns them into bits."""
-    as_tensor = functools.partial(torch.tensor, dtype=torch.int32, device=device)
-    return tuple(as_tensor(key) for key in _keys_at(*seed_keys(seed), 0))  # type: ignore[return-value]
+    return as_tensor(first), as_tensor(high)
 
 
 def counter_bits(numel: int, first: Tensor, high: Tensor) -> Tensor:
-    """`random_bits` of positions 0, ..., numel - 1 (numel <= 2^32) from their `counter_keys`; compiled, the
-    counter is index arithmetic."""
+    """`random_bits` of the `numel` positions from the start of their `counter_keys` (within one multiple of
+    2^32: numel <= 2^32 from 0); compiled, the counter is index arithmetic."""
     base = torch.arange(numel, dtype=torch.int64, device=first.device).to(torch.int32)
     return hash_counter(base, first, high)
 

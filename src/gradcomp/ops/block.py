@@ -179,16 +179,15 @@ def _torch_path(
         )
     signs = transform_signs(sign_seed, hadamard, x.device) if hadamard else None
     keys = counter_keys(seed, x.device) if stochastic else (None, None)
-    plans = RoundingPlan.build(fmt.element_format, FLOAT32), RoundingPlan.build(fmt.scale_format, FLOAT32)
     quantize = _quantize_rows.fn if fmt.rule == "four_over_six" else _quantize_rows
+    rows = blocks.detach()  # not a view: no guards on its base
     # eagerly, the masks of non-finite values cost passes of their own where there are none (a host sync,
     # harmless on CPUs, tells); compiled, they are a few operations inside the loop
-    rows = blocks.detach()  # not a view: no guards on its base
-    finite = quantize is _quantize_rows.fn or _quantize_rows.eager(rows, signs, *keys)
-    finite = finite and bool(torch.isfinite(rows.sum()))
+    eager = quantize is _quantize_rows.fn or _quantize_rows.eager(rows, signs, *keys)
+    finite = eager and bool(torch.isfinite(rows.sum()))
     padding = blocks.numel() - x.numel()  # zeros in, zeros out, but where the transform mixes them in
     count = counter is not None and not (hadamard and padding)
-    out, zeros = quantize(rows, signs, *keys, fmt, *plans, hadamard, finite, count)
+    out, zeros = quantize(rows, signs, *keys, fmt, *_plans(fmt), hadamard, finite, count)
     if count:
         counter += (zeros - padding).view(counter.shape)
     return add_zero_count(restore(out), None if count else counter)
@@ -255,8 +254,12 @@ def _quantize_seeded(
     rows, size = blocks.shape
     random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
     signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
-    plans = RoundingPlan.build(fmt.element_format, FLOAT32), RoundingPlan.build(fmt.scale_format, FLOAT32)
-    return _quantize(blocks, fmt, random, signs, *plans, hadamard)
+    return _quantize(blocks, fmt, random, signs, *_plans(fmt), hadamard)
+
+
+def _plans(fmt: BlockFormat) -> tuple[RoundingPlan, RoundingPlan]:
+    """The rounding of the elements and of a two-level format's block scales, in float32."""
+    return RoundingPlan.build(fmt.element_format, FLOAT32), RoundingPlan.build(fmt.scale_format, FLOAT32)
 
 
 def _transformed(
