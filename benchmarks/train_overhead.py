@@ -115,6 +115,9 @@ def main() -> None:
         help="YAML mapping passed to timm (the default config's: '{channels: [16, 32, 64, 128]}')",
     )
     parser.add_argument("--arms", choices=("all", "block"), default="all", help="the policies to time")
+    parser.add_argument(
+        "--channels-last", action="store_true", help="NHWC tensors (the default config's `channels_last`)"
+    )
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu")
     parser.add_argument("--image-size", type=int, help="synthetic images of this size (default 32)")
     parser.add_argument("--channels", type=int, help="synthetic images with this many channels (default 3)")
@@ -136,7 +139,8 @@ def main() -> None:
     shape = "x".join(map(str, data[0][0].shape[1:][::-1]))
     kwargs = yaml.safe_load(args.model_kwargs) or {}
     base = create_model(args.model, num_classes=10, in_chans=data[0][0].shape[1], stem=args.stem, **kwargs)
-    base = base.to(args.device)
+    layout = torch.channels_last if args.channels_last else torch.preserve_format
+    base = base.to(args.device, memory_format=layout)
     arms = {}
     for name, spec in (BLOCK_ARMS if args.arms == "block" else ARMS).items():
         if cuda and spec and not spec[2]:

@@ -11,7 +11,9 @@ from torch import Tensor
 
 def as_blocks(x: Tensor, size: int, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
     """x as contiguous rows of `size` elements (axis last, zero-padded to a multiple of size), and the
-    function that turns such rows back into x's shape. A 0-d tensor is one row of one element."""
+    function that turns such rows back into x's shape: with x's strides where the rows are a view of x
+    (e.g. the channels of a channels-last tensor: no copy either way), else contiguous. A 0-d tensor is
+    one row of one element."""
     axis = check_axis(x, axis)
     if x.dim() == 0:
         blocks, restore = as_blocks(x.reshape(1), size, -1)
@@ -19,13 +21,14 @@ def as_blocks(x: Tensor, size: int, axis: int) -> tuple[Tensor, Callable[[Tensor
     moved = x.movedim(axis, -1)
     length = moved.shape[-1]
     padding = -length % size
+    view = not padding and moved.is_contiguous()
     if padding:
         moved = torch.nn.functional.pad(moved, (0, padding))
     blocks = moved.contiguous().view(-1, size)
 
     def restore(out: Tensor) -> Tensor:
         out = out.reshape(*moved.shape)[..., :length]
-        return out.movedim(-1, axis).contiguous() if axis not in (-1, x.dim() - 1) or padding else out
+        return out.movedim(-1, axis) if view else out.movedim(-1, axis).contiguous()
 
     return blocks, restore
 

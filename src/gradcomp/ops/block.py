@@ -59,7 +59,7 @@ from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
 from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, prescales, transform_signs
 from gradcomp.ops.stats import add_zero_count, check_counter, count_zeros
-from gradcomp.rng import counter_bits, counter_keys, random_bits, resolve_seed
+from gradcomp.rng import counter_bits, counter_keys, hash_counter, resolve_seed
 from gradcomp.rounding import RoundingPlan
 
 FLOAT32 = compute_layout(torch.float32)
@@ -171,11 +171,11 @@ def _torch_path(
     """The torch implementation (the kernel's oracle) on x's rows of blocks: one call of `_quantize_rows`,
     compiled on CPU (`CpuCompiled`: a few fused loops), but under Four Over Six, whose two candidates
     inductor fused into a different choice for some blocks: eagerly there."""
-    blocks, restore = format_blocks(x, fmt, axis)
-    if blocks.numel() > MAX_TORCH_ELEMENTS:
+    blocks, restore, positions = torch_blocks(x, fmt, axis)
+    if positions > MAX_TORCH_ELEMENTS:
         raise ValueError(
             f"quantize_block's torch path takes at most 2^32 elements (the axis padded to a multiple of "
-            f"{fmt.outer or fmt.block_size}), got {blocks.numel()}: quantize the tensor in parts"
+            f"{fmt.outer or fmt.block_size}), got {positions}: quantize the tensor in parts"
         )
     signs = transform_signs(sign_seed, hadamard, x.device) if hadamard else None
     keys = counter_keys(seed, x.device) if stochastic else (None, None)
@@ -196,6 +196,32 @@ def _torch_path(
 MAX_TORCH_ELEMENTS = 1 << 32  # the counter of the random bits keeps one high word below it
 
 
+def torch_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor], int]:
+    """The torch path's layout: x as rows of block_size elements (`as_blocks`: the axis padded to a
+    multiple of block_size only), for a format with an outer scale grouped by line (lines, blocks per
+    line, block_size: a line's last outer block may be short); the function that restores x's shape; the
+    number of element positions of the kernel's layout (`format_blocks`), which the random bits count."""
+    blocks, restore = as_blocks(x, fmt.block_size, axis)
+    length = x.shape[axis] if x.dim() else 1
+    padded = -(-length // (fmt.outer or fmt.block_size)) * (fmt.outer or fmt.block_size)
+    if fmt.outer:
+        blocks = blocks.view(-1, -(-length // fmt.block_size), fmt.block_size)
+    return blocks, restore, x.numel() // length * padded
+
+
+def _random_bits(blocks: Tensor, fmt: BlockFormat, first: Tensor, high: Tensor) -> Tensor:
+    """The random bits of `torch_blocks`' rows, each element's by its position in the kernel's layout
+    (`format_blocks`: with an outer scale, each line padded to a multiple of the outer block), so that
+    both backends draw the same bits; `first`, `high`: `counter_keys`."""
+    if blocks.dim() == 2:
+        return counter_bits(blocks.numel(), first, high).view(blocks.shape)
+    lines, per_line, size = blocks.shape
+    stride = -(-(per_line * size) // fmt.outer) * fmt.outer
+    lines_start = torch.arange(lines, dtype=torch.int64, device=blocks.device)[:, None] * stride
+    within = torch.arange(per_line * size, dtype=torch.int64, device=blocks.device)
+    return hash_counter((lines_start + within).to(torch.int32), first, high).view(-1, size)
+
+
 @CpuCompiled
 def _quantize_rows(
     blocks: Tensor,
@@ -209,12 +235,20 @@ def _quantize_rows(
     finite: bool,
     count: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """Contiguous rows of block_size elements quantized, in their dtype, all at once (`_quantize`), and
-    where `count`, their zeros; `first`, `high`: the random bits' keys (`counter_keys`), None for nearest
-    rounding; `finite`: every value is finite."""
-    random = None if first is None else counter_bits(blocks.numel(), first, high).view(blocks.shape)
-    out = _quantize(blocks, fmt, random, signs, plan, scale_plan, hadamard, finite).out.to(blocks.dtype)
+    """`torch_blocks`' rows quantized, in their dtype, all at once (`_quantize`), and where `count`, their
+    zeros; `first`, `high`: the random bits' keys (`counter_keys`), None for nearest rounding; `finite`:
+    every value is finite."""
+    random = None if first is None else _random_bits(blocks, fmt, first, high)
+    rows, line = _rows(blocks)
+    out = _quantize(rows, fmt, random, signs, plan, scale_plan, hadamard, finite, line).out.to(blocks.dtype)
     return out, count_zeros(out) if count else None
+
+
+def _rows(blocks: Tensor) -> tuple[Tensor, int | None]:
+    """`torch_blocks`' blocks as rows, and the number of blocks per line where they are grouped by line."""
+    if blocks.dim() == 2:
+        return blocks, None
+    return blocks.view(-1, blocks.shape[-1]), blocks.shape[1]
 
 
 def _quantize(
@@ -226,11 +260,13 @@ def _quantize(
     scale_plan: RoundingPlan,
     hadamard: int,
     all_finite: bool = False,
+    line: int | None = None,
 ) -> _Parts:
     """Rows of block_size elements quantized, non-finite values included: they pass through, and with the
     transform their whole group does (see the module). `random`: the elements' random bits (None for
     nearest rounding); `signs`: the transform's (`transform_signs`); `all_finite`: every value is known
-    to be finite (the same result without the masks)."""
+    to be finite (the same result without the masks); `line`: with an outer scale, the blocks per line
+    (`torch_blocks`)."""
     rows, size = blocks.shape
     values = blocks.float()
     finite = None if all_finite else torch.isfinite(values)
@@ -239,22 +275,22 @@ def _quantize(
         finite = finite.reshape(rows, size)
     kept = values if finite is None else torch.where(finite, values, 0.0)
     transformed, unscale = _transformed(kept, signs, fmt, hadamard)
-    statistic = _finish_statistic(
-        _tensor_statistic(transformed.abs().amax(1, keepdim=True), fmt, unscale), fmt
-    )
     out_max = torch.finfo(blocks.dtype).max
-    parts = _quantize_finite(kept, statistic, signs, fmt, plan, scale_plan, random, hadamard, out_max)
+    parts = _quantize_finite(
+        transformed, unscale, signs, fmt, plan, scale_plan, random, hadamard, out_max, line
+    )
     return parts if finite is None else parts._replace(out=torch.where(finite, parts.out, values))
 
 
 def _quantize_seeded(
     blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
 ) -> _Parts:
-    """`_quantize` with the random bits of `seed` and the transform's signs of `sign_seed`."""
-    rows, size = blocks.shape
-    random = random_bits(seed, rows * size, blocks.device).view(rows, size) if stochastic else None
+    """`_quantize` of `torch_blocks`' blocks with the random bits of `seed` and the transform's signs of
+    `sign_seed`."""
+    random = _random_bits(blocks, fmt, *counter_keys(seed, blocks.device)) if stochastic else None
     signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
-    return _quantize(blocks, fmt, random, signs, *_plans(fmt), hadamard)
+    rows, line = _rows(blocks)
+    return _quantize(rows, fmt, random, signs, *_plans(fmt), hadamard, line=line)
 
 
 def _plans(fmt: BlockFormat) -> tuple[RoundingPlan, RoundingPlan]:
@@ -304,8 +340,8 @@ def _finish_statistic(largest: Tensor, fmt: BlockFormat) -> Tensor:
 
 
 def _quantize_finite(
-    values: Tensor,
-    statistic: Tensor,
+    transformed: Tensor,
+    unscale: Tensor | None,
     signs: Tensor | None,
     fmt: BlockFormat,
     plan: RoundingPlan,
@@ -313,23 +349,28 @@ def _quantize_finite(
     random: Tensor | None,
     hadamard: int,
     out_max: float,
+    line: int | None,
 ) -> _Parts:
-    """Finite rows quantized given the tensor's statistic (`_finish_statistic`) and random bits (`plan`:
-    the elements' rounding, `scale_plan`: a two-level format's block scales'); results beyond the output
-    dtype's largest value `out_max` saturate there."""
-    rows, size = values.shape
-    transformed, unscale = _transformed(values, signs, fmt, hadamard)
+    """Finite rows quantized after their transform (`_transformed`: the values and their blocks' unscale)
+    given their random bits (`plan`: the elements' rounding, `scale_plan`: a two-level format's block
+    scales'); results beyond the output dtype's largest value `out_max` saturate there; `line`: with an
+    outer scale, the blocks per line (`torch_blocks`)."""
+    rows, size = transformed.shape
     magnitude = transformed.abs()
     amax = magnitude.amax(1, keepdim=True)
-    if fmt.outer:  # each outer block's float32 scale, from its rows
-        rows_per_outer = fmt.outer // fmt.block_size
-        largest = _tensor_statistic(
-            amax.view(-1, rows_per_outer),
-            fmt,
-            None if unscale is None else unscale.view(-1, rows_per_outer),
-            dim=1,
-        )
-        statistic = _finish_statistic(largest, fmt).repeat_interleave(rows_per_outer, 0)
+    if fmt.outer:  # each outer block's float32 scale, from its rows (a line's last one may have fewer)
+        per_outer = fmt.outer // fmt.block_size
+        groups = -(-line // per_outer)
+
+        def by_outer(column: Tensor, value: float) -> Tensor:  # (outer blocks, per_outer), padded
+            return torch.nn.functional.pad(column.view(-1, line), (0, groups * per_outer - line), value=value)
+
+        maxima = by_outer(amax, 0.0).view(-1, per_outer)  # padding: blocks of zeros, unscale 1
+        unscales = None if unscale is None else by_outer(unscale, 1.0).view(-1, per_outer)
+        largest = _finish_statistic(_tensor_statistic(maxima, fmt, unscales, dim=1), fmt)
+        statistic = largest.expand(-1, per_outer).reshape(-1, groups * per_outer)[:, :line].reshape(-1, 1)
+    else:
+        statistic = _finish_statistic(_tensor_statistic(amax, fmt, unscale), fmt)
     if fmt.rule == "four_over_six":
         scaled, rounded, dequantized, scale = _four_over_six(
             magnitude, amax, statistic, plan, scale_plan, random
@@ -371,12 +412,12 @@ def block_errors(
     format sees (after the transform) that become zero, the share beyond the largest element value times
     their block's scale (clipped), and sum (out - x)^2 / sum x^2. The shares count the elements x has (not
     a trailing block's padding)."""
-    blocks, _ = format_blocks(x.detach(), fmt, axis)
+    blocks, _, _ = torch_blocks(x.detach(), fmt, axis)
     parts = _quantize_seeded(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
     nonzero = parts.transformed != 0
     flushed = (nonzero & (parts.rounded == 0)).sum() / nonzero.sum().clamp_min(1)
     clipped = (parts.scaled > fmt.element_format.max_value).sum() / x.numel()
-    values = blocks.double()
+    values = blocks.reshape(parts.out.shape).double()
     error = (parts.out.double() - values).square().sum() / values.square().sum()
     return float(flushed), float(clipped), float(error)
 

@@ -277,6 +277,9 @@ def _stochastic_quanta(magnitude: Tensor, random: Tensor, plan: RoundingPlan) ->
     whole = torch.floor(t)
     t -= whole
     t *= 2.0**24
+    if torch.compiler.is_compiling():  # ceil(clamp(t - u, 0, 1)) is 1 where u < t, as exact arithmetic:
+        # inductor stores a compared mask element by element where a custom operator splits the loop (3x)
+        return _times(whole + torch.ceil(torch.clamp(t - uniform24(random), 0.0, 1.0)), plan.from_quanta)
     return _times(whole + (uniform24(random) < t), plan.from_quanta)
 
 
