@@ -59,6 +59,7 @@ BLOCK_ARMS = {
     "MXFP4 SR H32 (C1's arm)": ("mxfp4:rounding=stochastic,hadamard=32", "step", True),
     "NVFP4 nearest": ("nvfp4", "step", True),
     "nvidia_nvfp4 (TE cast, SR, H16 on dW)": ("nvidia_nvfp4", "step", True),
+    "tetrajet_v2 (NVFP4 SR H16, outer 128)": ("tetrajet_v2", "step", True),
     "MXFP4 nearest, eager (GRADCOMP_COMPILE=0)": ("mxfp4", "step", False),
 }
 

@@ -773,3 +773,26 @@ def test_te_rule_takes_nvfp4_scales_and_stochastic_rounding_and_the_theory_says_
     with pytest.raises(ValueError, match="TE"):
         block_statistics(policy.format, 2.0)
     assert neural_error(policy, lognormal_gradient((64, 32), sigma=2.0, specials=False)) is None
+
+
+def test_channels_last_blocks_keep_the_gradients_layout_and_values():
+    """Blocks along the channels of an NHWC tensor are a view of it: the result comes back in its strides
+    (no copy either way) with the values of the contiguous tensor's; another axis comes back contiguous."""
+    x = lognormal_gradient((4, 64, 3, 5), sigma=2.0, specials=False)
+    nhwc = x.contiguous(memory_format=torch.channels_last)
+    for options in ({}, {"rounding": "stochastic", "hadamard": 32, "seed": 3}, {**NVFP4, "outer": 32}):
+        expected = quantize_block(x, axis=1, **{"element": "e2m1fn", **options})
+        got = quantize_block(nhwc, axis=1, **{"element": "e2m1fn", **options})
+        assert got.stride() == nhwc.stride() and torch.equal(got, expected), options
+        assert quantize_block(nhwc, axis=2, **{"element": "e2m1fn", **options}).is_contiguous(), options
+
+
+def test_outer_blocks_are_grouped_by_line_without_padding_the_axis():
+    """An axis shorter than the outer block (16 channels under TetraJet-v2's 128) is one outer block per
+    line: the same result as each line quantized alone, with the random bits of the kernel's padded layout
+    (the elements' positions in lines of 128)."""
+    x = lognormal_gradient((6, 40), sigma=2.0, specials=False)
+    options = {**NVFP4, "outer": 128, "rounding": "stochastic", "seed": 5}
+    padded = torch.nn.functional.pad(x, (0, 88))  # the kernel's layout: each line a whole outer block
+    expected = quantize_block(padded, **options)[:, :40]
+    assert torch.equal(quantize_block(x, **options), expected)

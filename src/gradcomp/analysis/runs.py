@@ -90,11 +90,19 @@ class RunGroup:
     @property
     def label(self) -> str:
         """The policy's label, or what an uncompressed run is (fp32, or QAT with quantized forward), with
-        its schedule where it starts uncompressed (e.g. ``prune 0.85, 39 steps uncompressed first``)."""
+        its schedule where it starts uncompressed (e.g. ``prune 0.85, 39 steps uncompressed first``) and
+        the layers it keeps in high precision throughout (e.g. ``NVFP4 ..., last 3 layers kept``)."""
         if self.policy.family == "none":
             return f"QAT {self.forward_bits}-bit" if self.forward_bits else "fp32"
-        warmup = (self.config.get("compression") or {}).get("warmup_steps") or 0
-        return self.policy.label + (f", {warmup} steps uncompressed first" if warmup else "")
+        compression = self.config.get("compression") or {}
+        warmup = compression.get("warmup_steps") or 0
+        last, worst = compression.get("keep_last") or 0, compression.get("keep_worst") or 0
+        return (
+            self.policy.label
+            + (f", {warmup} steps uncompressed first" if warmup else "")
+            + (f", last {last} layers kept" if last else "")
+            + (f", {worst} layers of lowest predicted R kept" if worst else "")
+        )
 
     @property
     def scale_key(self) -> tuple:
