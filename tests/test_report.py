@@ -18,7 +18,7 @@ ROOT = Path(__file__).resolve().parents[1]
 DEFAULT_IDS = (
     [f"A{n}" for n in range(1, 11)]
     + [f"B{n}" for n in range(1, 5)]
-    + ["C1", "C2", "C3", "F0", "F1", "F2", "X1", "X2", "X3"]
+    + ["C1", "C2", "C3", "C4", "F0", "F1", "F2", "X1", "X2", "X3"]
 )
 
 
