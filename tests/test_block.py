@@ -796,3 +796,9 @@ def test_outer_blocks_are_grouped_by_line_without_padding_the_axis():
     padded = torch.nn.functional.pad(x, (0, 88))  # the kernel's layout: each line a whole outer block
     expected = quantize_block(padded, **options)[:, :40]
     assert torch.equal(quantize_block(x, **options), expected)
+
+
+def test_block_errors_refuses_an_empty_tensor():
+    """Its shares are of the tensor's elements: an empty one has none (a clear error, not NaN)."""
+    with pytest.raises(ValueError, match="empty"):
+        block_errors(torch.zeros(0, 32), BlockFormat("e2m1fn", 16, "e4m3fn", "floor", outer=128))

@@ -203,10 +203,11 @@ def torch_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callab
     number of element positions of the kernel's layout (`format_blocks`), which the random bits count."""
     blocks, restore = as_blocks(x, fmt.block_size, axis)
     length = x.shape[axis] if x.dim() else 1
+    lines = x.numel() // length if length else 0
     padded = -(-length // (fmt.outer or fmt.block_size)) * (fmt.outer or fmt.block_size)
     if fmt.outer:
-        blocks = blocks.view(-1, -(-length // fmt.block_size), fmt.block_size)
-    return blocks, restore, x.numel() // length * padded
+        blocks = blocks.view(lines, -(-length // fmt.block_size), fmt.block_size)
+    return blocks, restore, lines * padded
 
 
 def _random_bits(blocks: Tensor, fmt: BlockFormat, first: Tensor, high: Tensor) -> Tensor:
@@ -412,6 +413,8 @@ def block_errors(
     format sees (after the transform) that become zero, the share beyond the largest element value times
     their block's scale (clipped), and sum (out - x)^2 / sum x^2. The shares count the elements x has (not
     a trailing block's padding)."""
+    if x.numel() == 0:
+        raise ValueError("block_errors measures shares of a tensor's elements: x is empty")
     blocks, _, _ = torch_blocks(x.detach(), fmt, axis)
     parts = _quantize_seeded(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
     nonzero = parts.transformed != 0
