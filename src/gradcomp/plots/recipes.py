@@ -5,22 +5,33 @@ from __future__ import annotations
 import math
 
 from matplotlib.figure import Figure
+from matplotlib.ticker import LogFormatter
 
 from gradcomp.analysis.tables import Record
 from gradcomp.plots.style import accuracy_gaps, subplots, value
 
 
 def recipes(record: Record) -> Figure:
-    arms = [row for row in record.rows() if row["bits"] < 32]
-    figure, axes = subplots(ncols=2, width=max(4.5, 0.6 * len(arms) + 2), height=4.2)
+    # each recipe numbered in (a) and at its points in (b), whose scatter would otherwise not say whose
+    recipes = [row for row in record.rows() if row["bits"] < 32]
+    arms = [{**row, "recipe": f"{n}. {row['recipe']}"} for n, row in enumerate(recipes, 1)]
+    figure, axes = subplots(ncols=2, width=max(5.5, 0.6 * len(arms) + 3), height=4.6)
     accuracy_gaps(axes[0][0], arms, "recipe", "(a) accuracy against the uncompressed run (95 % CI)")
     ax = axes[0][1]
     for marker, kind in (("o", "theory"), ("s", "carried")):
         ax.scatter([value(r, "measured_R") for r in arms], [value(r, f"{kind}_R") for r in arms],
                    marker=marker, facecolors="none", edgecolors="C1" if kind == "theory" else "C2",
                    label=f"predicted ({kind})")  # fmt: skip
-    ax.axvline(math.sqrt(3), color="k", linestyle=":", linewidth=1)
+    for row in arms:
+        measured, carried = value(row, "measured_R"), value(row, "carried_R")
+        if math.isfinite(measured) and math.isfinite(carried):
+            number = row["recipe"].split(".")[0]
+            ax.annotate(number, (measured, carried), textcoords="offset points", xytext=(4, 4), fontsize=7)
+    ax.axvline(math.sqrt(3), color="k", linestyle=":", linewidth=1, label="sqrt(3)")
     ax.set(xscale="log", yscale="log", xlabel="measured R (mean over noise steps)", ylabel="predicted R")
+    for axis in (ax.xaxis, ax.yaxis):  # plain numbers: the points span less than a decade
+        axis.set_major_formatter(LogFormatter())
+        axis.set_minor_formatter(LogFormatter(labelOnlyBase=False, minor_thresholds=(1, 0.4)))
     ax.set_title("(b) noise ratio of the weight gradients", fontsize=9)
     ax.legend(fontsize=7)
     return figure
