@@ -190,6 +190,12 @@ class BlockFormat:
         """A block scale's last mantissa bit in float32's bits: ``ceil`` rounds up by clearing those below."""
         return 1 << (23 - self.scale_format.man_bits)
 
+    def padded_length(self, length: int) -> int:
+        """An axis of `length` elements as the kernel lays its blocks out: padded to a multiple of the outer
+        block where there is one (each outer block whole rows), else of the block."""
+        unit = self.outer or self.block_size
+        return -(-length // unit) * unit
+
     @property
     def bits_per_element(self) -> float:
         """The element's bits, the block scale's share and an outer block's float32 scale's share."""

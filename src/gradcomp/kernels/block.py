@@ -376,8 +376,7 @@ def quantize_block_triton(
         enable_fp_fusion=False,
     )
     keys = map(as_int32, (k0, k1, s0, s1))
-    padded = -(-length // (fmt.outer or size)) * (fmt.outer or size)  # the axis as the blocks lay it out
-    args = [blocks, out, blocks, blocks, rows_total, padded // size, length, *keys]
+    args = [blocks, out, blocks, blocks, rows_total, fmt.padded_length(length) // size, length, *keys]
     if fmt.per_tensor and not fmt.outer:
         partials = torch.empty(programs, dtype=torch.float32, device=blocks.device)
         tensor_scale = torch.empty(1, dtype=torch.float32, device=blocks.device)

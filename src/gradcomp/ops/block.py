@@ -134,8 +134,9 @@ _cached_format = functools.lru_cache(maxsize=64, typed=True)(BlockFormat)  # typ
 
 
 def format_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
-    """x as rows of block_size elements (`as_blocks`), its axis padded to a multiple of the outer block
-    where the format has one, so that each outer block is outer / block_size consecutive rows."""
+    """The kernel's layout: x as rows of block_size elements (`as_blocks`), its axis padded to
+    `fmt.padded_length`, so that each outer block is outer / block_size consecutive rows (the torch path
+    pads to a block only: `torch_blocks`)."""
     blocks, restore = as_blocks(x, fmt.outer or fmt.block_size, axis)
     return blocks.view(-1, fmt.block_size), restore
 
@@ -204,10 +205,9 @@ def torch_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callab
     blocks, restore = as_blocks(x, fmt.block_size, axis)
     length = x.shape[axis] if x.dim() else 1
     lines = x.numel() // length if length else 0
-    padded = -(-length // (fmt.outer or fmt.block_size)) * (fmt.outer or fmt.block_size)
     if fmt.outer:
         blocks = blocks.view(lines, -(-length // fmt.block_size), fmt.block_size)
-    return blocks, restore, lines * padded
+    return blocks, restore, lines * fmt.padded_length(length)
 
 
 def _random_bits(blocks: Tensor, fmt: BlockFormat, first: Tensor, high: Tensor) -> Tensor:
@@ -217,7 +217,7 @@ def _random_bits(blocks: Tensor, fmt: BlockFormat, first: Tensor, high: Tensor) 
     if blocks.dim() == 2:
         return counter_bits(blocks.numel(), first, high).view(blocks.shape)
     lines, per_line, size = blocks.shape
-    stride = -(-(per_line * size) // fmt.outer) * fmt.outer
+    stride = fmt.padded_length(per_line * size)
     lines_start = torch.arange(lines, dtype=torch.int64, device=blocks.device)[:, None] * stride
     within = torch.arange(per_line * size, dtype=torch.int64, device=blocks.device)
     return hash_counter((lines_start + within).to(torch.int32), first, high).view(-1, size)
