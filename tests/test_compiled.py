@@ -8,9 +8,10 @@ from helpers import lognormal_gradient, same_bits
 from torch import nn
 
 from gradcomp import log_moments, lognormal_threshold, quantize_block, stochastic_prune
-from gradcomp._backend import COMPILE_ENV, CpuCompiled
+from gradcomp._backend import COMPILE_ENV, CpuCompiled, CpuCompiledPerLayout
 from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig
+from gradcomp.ops.block import quantize_block_pair
 from gradcomp.ops.prune import _prune_chunk
 from gradcomp.ops.stats import _log_sums
 
@@ -147,3 +148,79 @@ def test_compiled_block_quantization_is_bit_exact(monkeypatch, options, rounding
         (eager, eager_zeros), (compiled, compiled_zeros) = _both(monkeypatch, quantize)
         assert same_bits(compiled, eager) and compiled.shape == tensor.shape
         assert int(compiled_zeros) == int(eager_zeros) == int((eager == 0).sum())
+
+
+def test_a_failed_compile_of_a_per_layout_function_warns_and_runs_eagerly(monkeypatch):
+    def fail(*args, **kwargs):
+        raise RuntimeError("no C++ compiler")
+
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    monkeypatch.setattr(torch._inductor, "compile", fail)
+    kernel = CpuCompiledPerLayout(lambda x: x + 1)
+    with pytest.warns(RuntimeWarning, match="no C\\+\\+ compiler.*run eagerly"):
+        assert torch.equal(kernel(torch.zeros(3)), torch.ones(3))
+
+
+def test_past_its_layouts_a_per_layout_function_warns_once_and_runs_eagerly(monkeypatch):
+    """Each new layout (shape, strides, dtype) of a configuration compiles; past MAX_LAYOUTS of them, the
+    further ones run eagerly, with one warning."""
+    monkeypatch.setenv(COMPILE_ENV, "1")
+    kernel = CpuCompiledPerLayout(lambda x, flag: (x * 2, None) if flag else (x, None))
+    monkeypatch.setattr(kernel, "MAX_LAYOUTS", 2)
+    for n in (2, 3):
+        out, none = kernel(torch.ones(n), True)
+        assert torch.equal(out, torch.full((n,), 2.0)) and none is None
+    with pytest.warns(RuntimeWarning, match="compiled for 2 tensor layouts"):
+        assert torch.equal(kernel(torch.ones(4), True)[0], torch.full((4,), 2.0))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert torch.equal(kernel(torch.ones(5), True)[0], torch.full((5,), 2.0))
+        assert torch.equal(kernel(torch.ones(5), False)[0], torch.ones(5))  # another configuration
+    assert len(kernel.layouts[(True,)]) == 3 and len(kernel.layouts[(False,)]) == 1
+
+
+@pytest.mark.parametrize("compiled", ["0", "1"])
+def test_a_pair_of_block_quantizations_is_the_two_calls(monkeypatch, compiled):
+    """quantize_block_pair (a training step's two copies of a gradient in one compiled call) gives what
+    quantize_block gives each, zero counts included: an NHWC gradient along its channels and along the
+    positions, with different settings per copy."""
+    monkeypatch.setenv(COMPILE_ENV, compiled)
+    g = lognormal_gradient((8, 48, 5, 3), sigma=2.0).contiguous(memory_format=torch.channels_last)
+    g[0, 0, 0, 0] = float("inf")
+    weight = g.movedim(1, 0).reshape(48, -1)
+    first = {"x": weight, "element": "e2m1fn", "rounding": "stochastic", "hadamard": 16, "seed": 4}
+    second = {"x": g, "element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "axis": 1, "seed": 5}
+    counters = [torch.zeros((), dtype=torch.int64) for _ in range(4)]
+    pair = quantize_block_pair(
+        {**first, "count_zeros_into": counters[0]}, {**second, "count_zeros_into": counters[1]}
+    )
+    alone = (
+        quantize_block(**first, count_zeros_into=counters[2]),
+        quantize_block(**second, count_zeros_into=counters[3]),
+    )
+    for together, single in zip(pair, alone, strict=True):
+        assert same_bits(together, single) and together.stride() == single.stride()
+    assert [int(c) for c in counters[:2]] == [int(c) for c in counters[2:]]
+    with pytest.raises(TypeError, match="unexpected arguments"):
+        quantize_block_pair({**first, "hadamrd": 16}, second)
+
+
+@pytest.mark.parametrize("policy", ["mxfp4", "nvidia_nvfp4"])
+def test_both_copies_quantized_together_train_as_one_after_the_other(monkeypatch, policy):
+    """The attachment hands a layer's two gradient copies to the block policy together (one call); the
+    gradients and the zero counts are those of the two calls one after the other."""
+    import gradcomp.attachment as attachment_module
+
+    monkeypatch.setenv(COMPILE_ENV, "0")
+    results = []
+    for together in (True, False):
+        if not together:
+            monkeypatch.setattr(attachment_module, "pairs_copies", lambda policy: False)
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Linear(8 * 36, 10))
+        handle = attach(model, CompressionConfig(policy, layer_types=("conv", "linear")), seed=1)
+        nn.functional.cross_entropy(model(torch.randn(4, 3, 8, 8)), torch.arange(4)).backward()
+        results.append(([p.grad for p in model.parameters()], handle.sparsity()))
+    (grads, sparsity), (expected, expected_sparsity) = results
+    assert all(same_bits(a, b) for a, b in zip(grads, expected, strict=True))
+    assert sparsity == expected_sparsity

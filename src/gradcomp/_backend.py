@@ -112,6 +112,15 @@ def compile_enabled() -> bool:
     return os.environ.get(COMPILE_ENV, "1") not in ("", "0")
 
 
+_TRACING = [False]  # CpuCompiledPerLayout is tracing a function to compile it
+
+
+def compiling() -> bool:
+    """Whether the code runs to be compiled (by dynamo, or traced by `CpuCompiledPerLayout`): branches on
+    a tensor's values must then be branch-free."""
+    return _TRACING[0] or torch.compiler.is_compiling()
+
+
 class CpuCompiled:
     """A chunk function of an op's torch implementation that runs, on CPU tensors, as compiled by
     `torch.compile` (inductor's C++ code: one fused loop instead of a dozen passes over memory, which is what
@@ -146,7 +155,7 @@ class CpuCompiled:
             return self.fn(first, *args)
         signature = tuple(arg.dtype for arg in (first, *args) if isinstance(arg, Tensor))
         try:
-            return self._compiled_for(args)(first, *args)
+            return self._compiled_for(args, first)(first, *args)
         except Exception as error:  # classified by the eager retry below
             compile_error = error
         result = self.fn(first, *args)  # outside the handler: an error of the inputs is raised as it is
@@ -160,7 +169,7 @@ class CpuCompiled:
         )
         return result
 
-    def _compiled_for(self, args: tuple) -> Callable[..., Tensor]:
+    def _compiled_for(self, args: tuple, first: Tensor) -> Callable[..., Tensor]:
         """The compiled copy for the configuration of `args` (importing dynamo at the first call takes
         seconds)."""
         key = tuple(None if isinstance(arg, Tensor) else arg for arg in args)
@@ -172,3 +181,75 @@ class CpuCompiled:
             )
             compiled = self.compiled[key] = torch.compile(copy, dynamic=True, fullgraph=True)
         return compiled
+
+
+class CpuCompiledPerLayout(CpuCompiled):
+    """A `CpuCompiled` chunk function compiled once per configuration and layout of its tensor arguments
+    (shapes, strides, dtypes): traced to ATen operations (`make_fx`) and compiled by inductor for those
+    static shapes, then called directly, with this class's dictionary as the only guard. A call costs a few
+    microseconds where dynamo's guards over dynamic shapes took 40-300 (a training step quantizes every
+    layer's gradient twice: the block formats), and the static shapes give inductor's best loops (with
+    symbolic ones, a block's length was symbolic too). The price is a compile per new layout (about a
+    second, seconds the first time; inductor caches them on disk): for ops called on a few shapes again
+    and again. Past MAX_LAYOUTS layouts of one configuration, further ones run eagerly (same results)."""
+
+    MAX_LAYOUTS = 64
+
+    def __init__(self, fn: Callable[..., Tensor]) -> None:
+        super().__init__(fn)
+        self.layouts: dict[tuple, dict[tuple, Callable[..., Tensor]]] = {}  # by configuration, then layout
+
+    def _compiled_for(self, args: tuple, first: Tensor) -> Callable[..., Tensor]:
+        tensors = [arg for arg in (first, *args) if isinstance(arg, Tensor)]
+        config = tuple(None if isinstance(arg, Tensor) else arg for arg in args)
+        layout = tuple((t.shape, t.stride(), t.dtype) for t in tensors)
+        compiled = self.layouts.setdefault(config, {})
+        call = compiled.get(layout)
+        if call is None and len(compiled) >= self.MAX_LAYOUTS:
+            if len(compiled) == self.MAX_LAYOUTS:
+                compiled[None] = self.fn  # type: ignore[index]  # warned once
+                warnings.warn(
+                    f"gradcomp: {self.fn.__qualname__} was compiled for {self.MAX_LAYOUTS} tensor layouts of "
+                    "one configuration; further ones run eagerly (same results, slower)",
+                    RuntimeWarning,
+                    stacklevel=3,
+                )
+            return self.fn
+        if call is None:
+            call = compiled[layout] = self._compile(first, args)
+        return call
+
+    def _compile(self, first: Tensor, args: tuple) -> Callable[..., Tensor]:
+        """The function (returning a tensor, or a tuple of tensors and Nones) traced on these arguments and
+        compiled for their tensors' layouts."""
+        from torch.fx.experimental.proxy_tensor import make_fx
+
+        full = [first, *args]
+        where = [i for i, arg in enumerate(full) if isinstance(arg, Tensor)]
+        returned: list[object] = []
+
+        def traced(*tensors: Tensor) -> list[Tensor]:
+            values = list(full)
+            for i, tensor in zip(where, tensors, strict=True):
+                values[i] = tensor
+            out = self.fn(*values)
+            returned.append(out)
+            return [out] if isinstance(out, Tensor) else [value for value in out if value is not None]
+
+        tensors = [full[i] for i in where]
+        _TRACING[0] = True
+        try:
+            with torch.no_grad():
+                graph = make_fx(traced)(*tensors)
+        finally:
+            _TRACING[0] = False
+        kernel = torch._inductor.compile(graph, tensors)
+        if isinstance(returned[0], Tensor):
+            return lambda *arguments: kernel(*(arg for arg in arguments if isinstance(arg, Tensor)))[0]
+        nones = [value is None for value in returned[0]]  # type: ignore[union-attr]
+
+        def call(*arguments) -> tuple[Tensor | None, ...]:
+            outputs = iter(kernel(*(arg for arg in arguments if isinstance(arg, Tensor))))
+            return tuple(None if none else next(outputs) for none in nones)
+
+        return call

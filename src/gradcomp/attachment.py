@@ -46,7 +46,15 @@ from torch import Tensor, nn
 
 from gradcomp import choices
 from gradcomp._backend import Backend
-from gradcomp.compress import GradientCopy, LayerStats, check_dtype, compress, plan
+from gradcomp.compress import (
+    GradientCopy,
+    LayerStats,
+    check_dtype,
+    compress,
+    compress_both,
+    pairs_copies,
+    plan,
+)
 from gradcomp.config import CompressionConfig
 from gradcomp.noise_monitor import GUARDED, NoiseMonitor
 from gradcomp.policies import Chain, Policy
@@ -258,6 +266,28 @@ class Attachment:
 
     def compress(self, layer: LayerState, g: Tensor, weight_path: bool = False, count: bool = True) -> Tensor:
         """The compressed gradient for one GEMM of `layer` (the weight-gradient one when weight_path)."""
+        copy = self._copy(layer, g, weight_path, count)
+        if copy is None:
+            return g
+        policy = layer.policy or self.policy
+        return self._after(layer, policy, copy, compress(policy, copy, layer.stats), count)
+
+    def compress_both(self, layer: LayerState, g: Tensor) -> tuple[Tensor, Tensor]:
+        """(the weight-gradient copy, the input-gradient copy): `compress` of each, one after the other,
+        but that a policy that quantizes both together (`compress_both`) does so."""
+        policy = layer.policy or self.policy
+        if not self.active or not pairs_copies(policy):
+            return self.compress(layer, g, weight_path=True, count=False), self.compress(layer, g)
+        weight, inputs = self._copy(layer, g, True, False), self._copy(layer, g, False, True)
+        assert weight is not None and inputs is not None  # active
+        out_weight, out_inputs = compress_both(policy, weight, inputs, layer.stats)
+        return (
+            self._after(layer, policy, weight, out_weight, False),
+            self._after(layer, policy, inputs, out_inputs, True),
+        )
+
+    def _copy(self, layer: LayerState, g: Tensor, weight_path: bool, count: bool) -> GradientCopy | None:
+        """`compress`'s bookkeeping before the policy runs, and the copy it gets (None while inactive)."""
         bn_output = (
             layer.bn_output if layer.bn_output is not None and layer.bn_output.shape == g.shape else None
         )
@@ -277,14 +307,14 @@ class Attachment:
                 )
             self._backward = True
         if not self.active:
-            return g
+            return None
         if count and layer.zeros is None:
             layer.zeros = torch.zeros((), dtype=torch.int64, device=g.device)
         policy = layer.policy or self.policy
         count_input = count and layer.refresh and policy.reports_attainable
         if count_input and layer.attainable is None:
             layer.attainable = torch.zeros((), dtype=torch.int64, device=g.device)
-        copy = GradientCopy(
+        return GradientCopy(
             g,
             self._seed(layer, 1 if weight_path else 0),
             refresh=layer.refresh,
@@ -298,15 +328,19 @@ class Attachment:
             run_seed=self.seed,
             step_seed=self._step_seed,
         )
-        out = compress(policy, copy, layer.stats)
-        if self._noise_step and (weight_path or not policy.two_streams):
+
+    def _after(
+        self, layer: LayerState, policy: Policy, copy: GradientCopy, out: Tensor, count: bool
+    ) -> Tensor:
+        """`compress`'s bookkeeping after the policy ran: the noise monitor and the counts."""
+        if self._noise_step and (copy.weight_path or not policy.two_streams):
             self.noise.observe(layer.index, policy, copy, out, layer.stats)
         if count:
             layer.fitted = layer.fitted or layer.refresh
             layer.refresh = False
             layer.numel += out.numel()
             layer.trained[layer.policy is not None] += out.numel()
-            layer.attainable_numel += g.numel() if count_input else 0
+            layer.attainable_numel += copy.g.numel() if copy.attainable is not None else 0
         return out
 
     # --- reporting ------------------------------------------------------------------------------------------
@@ -503,13 +537,17 @@ class _TwoStreamLayer(torch.autograd.Function):
         needs_input = ctx.local_input.requires_grad
         input_grad = None
         param_grads: Sequence[Tensor | None] = ()
-        if ctx.params:  # the weight path is counted when it is the only one (e.g. the first layer)
-            g_weight = attachment.compress(layer, g, weight_path=True, count=not needs_input)
+        if ctx.params and needs_input:
+            g_weight, g_input = attachment.compress_both(layer, g)
+        elif ctx.params:  # the weight path is counted when it is the only one (e.g. the first layer)
+            g_weight = attachment.compress(layer, g, weight_path=True)
+        else:
+            g_input = attachment.compress(layer, g)
+        if ctx.params:
             param_grads = torch.autograd.grad(
                 ctx.out, ctx.params, g_weight, allow_unused=True, retain_graph=True
             )
         if needs_input:
-            g_input = attachment.compress(layer, g)
             (input_grad,) = torch.autograd.grad(ctx.out, ctx.local_input, g_input)
         del ctx.out, ctx.local_input
         return None, None, None, input_grad, *param_grads

@@ -37,6 +37,7 @@ from gradcomp.ops import (
     stochastic_prune,
     topk_threshold,
 )
+from gradcomp.ops.block import quantize_block_pair
 from gradcomp.ops.int_quant import quantize_columns
 from gradcomp.ops.stats import FIT_FIELDS, Calibration, add_zero_count, fit_statistics, log2_scale
 from gradcomp.policies import NM, Block, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
@@ -451,25 +452,62 @@ def _nm(policy: NM, copy: GradientCopy, stats: LayerStats) -> Tensor:
 def _block(policy: Block, copy: GradientCopy, stats: LayerStats) -> Tensor:
     """Blocks along the reduction axis of the copy's GEMM: the output features for the input gradient, the
     other axes (flattened) for the weight gradient; each copy with its own settings (`Block.copy`)."""
-    g, settings = copy.g, policy.copy(copy.weight_path)
+    return _block_result(copy, quantize_block(**_block_arguments(policy, copy)))
+
+
+def _block_pair(
+    policy: Block, weight: GradientCopy, inputs: GradientCopy, stats: LayerStats
+) -> tuple[Tensor, Tensor]:
+    """`_block` of both copies of one gradient, quantized together (`quantize_block_pair`)."""
+    out = quantize_block_pair(_block_arguments(policy, weight), _block_arguments(policy, inputs))
+    return _block_result(weight, out[0]), _block_result(inputs, out[1])
+
+
+_PAIR_COMPRESSORS: dict[type[Policy], Callable[..., tuple[Tensor, Tensor]]] = {Block: _block_pair}
+
+
+def pairs_copies(policy: Policy) -> bool:
+    """Whether `compress_both` quantizes the policy's two copies together."""
+    return type(policy) in _PAIR_COMPRESSORS
+
+
+def compress_both(
+    policy: Policy, weight: GradientCopy, inputs: GradientCopy, stats: LayerStats
+) -> tuple[Tensor, Tensor]:
+    """`compress` of a gradient's weight-gradient copy, then of its input-gradient copy; where the policy
+    quantizes both together (the block formats), in one call."""
+    pair = _PAIR_COMPRESSORS.get(type(policy))
+    if pair is None:
+        return compress(policy, weight, stats), compress(policy, inputs, stats)
+    return pair(policy, weight, inputs, stats)
+
+
+def _block_arguments(policy: Block, copy: GradientCopy) -> dict:
+    """quantize_block's arguments for one copy (`block_layout`'s tensor and axis)."""
+    settings = policy.copy(copy.weight_path)
     fmt = settings.format
     signs = {"call": "seed", "step": copy.step_seed, "run": copy.run_seed, "none": "none"}[settings.signs]
-    quantize = functools.partial(
-        quantize_block,
-        element=fmt.element,
-        block_size=fmt.block_size,
-        scale=fmt.scale,
-        rounding=settings.rounding,
-        seed=copy.seed,
-        scale_rule=fmt.rule,
-        hadamard=settings.hadamard,
-        backend=copy.backend,
-        count_zeros_into=copy.zeros,
-        signs=signs,
-        outer=fmt.outer,
-    )
-    laid_out, axis = block_layout(g, copy.weight_path, copy.feature_axis)
-    out = quantize(laid_out, axis=axis)
+    laid_out, axis = block_layout(copy.g, copy.weight_path, copy.feature_axis)
+    return {
+        "x": laid_out,
+        "element": fmt.element,
+        "block_size": fmt.block_size,
+        "scale": fmt.scale,
+        "axis": axis,
+        "rounding": settings.rounding,
+        "seed": copy.seed,
+        "scale_rule": fmt.rule,
+        "hadamard": settings.hadamard,
+        "backend": copy.backend,
+        "count_zeros_into": copy.zeros,
+        "signs": signs,
+        "outer": fmt.outer,
+    }
+
+
+def _block_result(copy: GradientCopy, out: Tensor) -> Tensor:
+    """The quantized `block_layout` tensor in the gradient's shape."""
+    g = copy.g
     if g.dim() < 2 or not copy.weight_path:
         return out
     return out.view(g.movedim(copy.feature_axis, 0).shape).movedim(0, copy.feature_axis)

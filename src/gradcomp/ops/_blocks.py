@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import numbers
 from collections.abc import Callable
 
@@ -31,6 +32,36 @@ def as_blocks(x: Tensor, size: int, axis: int) -> tuple[Tensor, Callable[[Tensor
         return out.movedim(-1, axis) if view else out.movedim(-1, axis).contiguous()
 
     return blocks, restore
+
+
+def lines_in_place(x: Tensor, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
+    """x as (before, length, after): the lines along `axis`, `before` and `after` the other axes that lie
+    outside and inside it in memory, each flattened, line (b, a) = b * after + a the row-major index of x's
+    other axes; and the function that turns such a tensor back into x. Where x is dense with its other axes
+    in memory in their own order (any contiguous tensor; a channels-last one along its channels or with the
+    channels innermost), a view of x: no copy, and the result in x's strides. Elsewhere a contiguous copy
+    with the axis last (`after` = 1) and a contiguous result. A 0-d tensor is one line of one element."""
+    axis = check_axis(x, axis)
+    if x.dim() == 0:
+        lines, restore = lines_in_place(x.reshape(1), -1)
+        return lines, lambda out: restore(out).reshape(())
+    axis %= x.dim()
+    others = [d for d in range(x.dim()) if d != axis]
+    orders = ([*others[:k], axis, *others[k:]] for k in range(len(others), -1, -1))  # after = 1 first
+    order = next((o for o in orders if x.permute(o).is_contiguous()), None)
+    in_place = order is not None
+    if not in_place:
+        order = [*others, axis]
+    laid_out = x.permute(order) if in_place else x.permute(order).contiguous()
+    where = order.index(axis)
+    before, after = math.prod(laid_out.shape[:where]), math.prod(laid_out.shape[where + 1 :])
+    inverse = [order.index(d) for d in range(x.dim())]
+
+    def restore(out: Tensor) -> Tensor:
+        out = out.view(laid_out.shape).permute(inverse)
+        return out if in_place else out.contiguous()
+
+    return laid_out.view(before, x.shape[axis], after), restore
 
 
 def check_axis(x: Tensor, axis: int) -> int:

@@ -44,7 +44,7 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
+from gradcomp._backend import Backend, CpuCompiledPerLayout, check_float, compute_layout, use_triton
 from gradcomp.block_format import (
     FLOAT32_MAX,
     FOUR_OVER_SIX_ENCODE,
@@ -55,7 +55,7 @@ from gradcomp.block_format import (
 )
 from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import FPFormat
-from gradcomp.ops._blocks import as_blocks, check_axis
+from gradcomp.ops._blocks import as_blocks, check_axis, lines_in_place
 from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
 from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, prescales, transform_signs
 from gradcomp.ops.stats import add_zero_count, check_counter, count_zeros
@@ -99,26 +99,115 @@ def quantize_block(
     on x's device to which the output's zeros are added. One kernel launch on CUDA for MX and outer scales,
     three for a per-tensor scale (the tensor's largest magnitude first), plus a copy where `axis` is not the
     last, contiguous one or block_size (or outer) does not divide it; no host sync. Not differentiable."""
-    x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
-    choose("rounding", rounding, ROUNDINGS)
-    fmt = block_format(element, block_size, scale, check_rule(scale_rule, rounding), outer)
-    if hadamard:
-        check_transform_size(hadamard, block_size)
-    axis = check_axis(x, axis)
-    check_counter(count_zeros_into, x)
-    stochastic = rounding == "stochastic"
-    seed = resolve_seed(seed) if stochastic or (hadamard and signs == "seed") else 0
-    sign_seed = sign_source(signs, seed)
+    call = _BlockCall.of(
+        x,
+        element,
+        block_size,
+        scale,
+        axis,
+        rounding,
+        seed,
+        scale_rule,
+        hadamard,
+        count_zeros_into,
+        signs,
+        outer,
+    )
     if x.numel() == 0:
-        return x.clone()
+        return call.x.clone()
     if not use_triton(x, backend):
-        return _torch_path(x, fmt, axis, stochastic, seed, hadamard, sign_seed, count_zeros_into)
+        return _torch_path(call)
     from gradcomp.kernels.block import quantize_block_triton
 
-    blocks, restore = format_blocks(x, fmt, axis)
-    length = x.shape[axis] if x.dim() else 1
-    out = quantize_block_triton(blocks, fmt, stochastic, seed, hadamard, length, count_zeros_into, sign_seed)
+    blocks, restore = format_blocks(call.x, call.fmt, call.axis)
+    length = x.shape[call.axis] if x.dim() else 1
+    out = quantize_block_triton(
+        blocks, call.fmt, call.stochastic, call.seed, hadamard, length, count_zeros_into, call.sign_seed
+    )
     return restore(out)
+
+
+def quantize_block_pair(first: dict, second: dict) -> tuple[Tensor, Tensor]:
+    """`quantize_block(**first)`, `quantize_block(**second)`: the same results, for e.g. the two copies of
+    one gradient in a training step; on the CPU's compiled path in one call for both (a call's own cost
+    is much of a small layer's). Each dict holds quantize_block's arguments, x included."""
+    calls = [_BlockCall.of(**_defaults(arguments)) for arguments in (first, second)]
+    if any(
+        call.x.numel() == 0 or use_triton(call.x, arguments.get("backend", "auto"))
+        for call, arguments in zip(calls, (first, second), strict=True)
+    ):
+        return quantize_block(**first), quantize_block(**second)
+    (lines_a, restore_a, args_a), (lines_b, restore_b, args_b) = (_lines_call(call) for call in calls)
+    if _eagerly(calls[0], lines_a, args_a) or _eagerly(calls[1], lines_b, args_b):
+        return _torch_path(calls[0]), _torch_path(calls[1])
+    out_a, zeros_a, out_b, zeros_b = _quantize_two(
+        lines_a, *args_a[:3], lines_b, *args_b[:3], args_a[3:], args_b[3:]
+    )
+    return _finish(calls[0], out_a, zeros_a, restore_a), _finish(calls[1], out_b, zeros_b, restore_b)
+
+
+def _defaults(arguments: dict) -> dict:
+    """quantize_block_pair's arguments for `_BlockCall.of` (quantize_block's defaults; no backend)."""
+    known = dict(_CALL_DEFAULTS)
+    unknown = set(arguments) - set(known) - {"x", "element", "backend"}
+    if unknown:
+        raise TypeError(f"quantize_block got unexpected arguments {sorted(unknown)}")
+    known.update({k: v for k, v in arguments.items() if k != "backend"})
+    return known
+
+
+_CALL_DEFAULTS = {
+    "block_size": 32,
+    "scale": "e8m0fnu",
+    "axis": -1,
+    "rounding": "nearest",
+    "seed": None,
+    "scale_rule": None,
+    "hadamard": 0,
+    "count_zeros_into": None,
+    "signs": "seed",
+    "outer": 0,
+}
+
+
+class _BlockCall(NamedTuple):
+    """One quantize_block call's arguments, checked and resolved."""
+
+    x: Tensor
+    fmt: BlockFormat
+    axis: int
+    stochastic: bool
+    seed: int
+    hadamard: int
+    sign_seed: int | None
+    counter: Tensor | None
+
+    @classmethod
+    def of(
+        cls,
+        x: Tensor,
+        element: object,
+        block_size: int,
+        scale: str,
+        axis: int,
+        rounding: str,
+        seed: int | None,
+        scale_rule: str | None,
+        hadamard: int,
+        count_zeros_into: Tensor | None,
+        signs: object,
+        outer: int,
+    ) -> _BlockCall:
+        x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
+        choose("rounding", rounding, ROUNDINGS)
+        fmt = block_format(element, block_size, scale, check_rule(scale_rule, rounding), outer)
+        if hadamard:
+            check_transform_size(hadamard, block_size)
+        axis = check_axis(x, axis)
+        check_counter(count_zeros_into, x)
+        stochastic = rounding == "stochastic"
+        seed = resolve_seed(seed) if stochastic or (hadamard and signs == "seed") else 0
+        return cls(x, fmt, axis, stochastic, seed, hadamard, sign_source(signs, seed), count_zeros_into)
 
 
 def block_format(element: object, block_size: object, scale: object, rule: str, outer: object) -> BlockFormat:
@@ -159,73 +248,96 @@ class _Parts(NamedTuple):
     out: Tensor  # the result, float32
 
 
-def _torch_path(
-    x: Tensor,
-    fmt: BlockFormat,
-    axis: int,
-    stochastic: bool,
-    seed: int,
-    hadamard: int,
-    sign_seed: int | None,
-    counter: Tensor | None,
-) -> Tensor:
-    """The torch implementation (the kernel's oracle) on x's rows of blocks: one call of `_quantize_rows`,
-    compiled on CPU (`CpuCompiled`: a few fused loops), but under Four Over Six, whose two candidates
-    inductor fused into a different choice for some blocks: eagerly there."""
-    blocks, restore, positions = torch_blocks(x, fmt, axis)
-    if positions > MAX_TORCH_ELEMENTS:
+def _torch_path(call: _BlockCall) -> Tensor:
+    """The torch implementation (the kernel's oracle) on x's lines along the axis where they lie in memory
+    (`lines_in_place`): one call of `_quantize_lines`, compiled on CPU for each layout
+    (`CpuCompiledPerLayout`: a few fused loops, the padding of a short block inside them), but under Four
+    Over Six, whose two candidates inductor fused into a different choice for some blocks: eagerly there."""
+    lines, restore, args = _lines_call(call)
+    quantize = _quantize_lines.fn if call.fmt.rule == "four_over_six" else _quantize_lines
+    out, zeros = quantize(lines, *args)
+    return _finish(call, out, zeros, restore)
+
+
+def _eagerly(call: _BlockCall, lines: Tensor, args: tuple) -> bool:
+    """Whether the call's torch path runs eagerly (Four Over Six, see `_torch_path`; not compiling)."""
+    return call.fmt.rule == "four_over_six" or _quantize_lines.eager(lines, *args[:3])
+
+
+def _lines_call(call: _BlockCall) -> tuple[Tensor, Callable[[Tensor], Tensor], tuple]:
+    """`_torch_path`'s lines, the function that restores x from them, and `_quantize_lines`' other
+    arguments."""
+    lines, restore = lines_in_place(call.x, call.axis)
+    before, length, after = lines.shape
+    fmt = call.fmt
+    if before * after * fmt.padded_length(length) > MAX_TORCH_ELEMENTS:
         raise ValueError(
             f"quantize_block's torch path takes at most 2^32 elements (the axis padded to a multiple of "
-            f"{fmt.outer or fmt.block_size}), got {positions}: quantize the tensor in parts"
+            f"{fmt.outer or fmt.block_size}), got {before * after * fmt.padded_length(length)}: quantize "
+            "the tensor in parts"
         )
-    signs = transform_signs(sign_seed, hadamard, x.device) if hadamard else None
-    keys = counter_keys(seed, x.device) if stochastic else (None, None)
-    quantize = _quantize_rows.fn if fmt.rule == "four_over_six" else _quantize_rows
-    rows = blocks.detach()  # not a view: no guards on its base
+    blocks = torch_blocks(lines, fmt, call.hadamard)
+    if blocks.numel() != lines.numel():  # padded here: compiled, inductor's padding of (lines, 1) lines
+        lines, unpadded = blocks.view(before, -1, after), restore  # read undefined memory at times
+
+        def restore(out: Tensor) -> Tensor:
+            return unpadded(out[:, :length].contiguous())
+
+    signs = transform_signs(call.sign_seed, call.hadamard, lines.device) if call.hadamard else None
+    keys = counter_keys(call.seed, lines.device) if call.stochastic else (None, None)
     # eagerly, the masks of non-finite values cost passes of their own where there are none (a host sync,
     # harmless on CPUs, tells); compiled, they are a few operations inside the loop
-    eager = quantize is _quantize_rows.fn or _quantize_rows.eager(rows, signs, *keys)
-    finite = eager and bool(torch.isfinite(rows.sum()))
-    padding = blocks.numel() - x.numel()  # zeros in, zeros out, but where the transform mixes them in
-    count = counter is not None and not (hadamard and padding)
-    out, zeros = quantize(rows, signs, *keys, fmt, *_plans(fmt), hadamard, finite, count)
-    if count:
-        counter += (zeros - padding).view(counter.shape)
-    return add_zero_count(restore(out), None if count else counter)
+    finite = _eagerly(call, lines, (signs, *keys)) and bool(torch.isfinite(lines.sum()))
+    count = call.counter is not None and lines.shape[1] == length  # else of the restored result
+    return lines, restore, (signs, *keys, fmt, *_plans(fmt), call.hadamard, finite, count)
+
+
+def _finish(
+    call: _BlockCall, out: Tensor, zeros: Tensor | None, restore: Callable[[Tensor], Tensor]
+) -> Tensor:
+    """The quantized lines as x, their zeros added to the call's counter."""
+    if zeros is None:
+        return add_zero_count(restore(out), call.counter)
+    call.counter.add_(zeros.view(call.counter.shape))  # type: ignore[union-attr]
+    return restore(out)
 
 
 MAX_TORCH_ELEMENTS = 1 << 32  # the counter of the random bits keeps one high word below it
 
 
-def torch_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor], int]:
-    """The torch path's layout: x as rows of block_size elements (`as_blocks`: the axis padded to a
-    multiple of block_size only), for a format with an outer scale grouped by line (lines, blocks per
-    line, block_size: a line's last outer block may be short); the function that restores x's shape; the
-    number of element positions of the kernel's layout (`format_blocks`), which the random bits count."""
-    blocks, restore = as_blocks(x, fmt.block_size, axis)
-    length = x.shape[axis] if x.dim() else 1
-    lines = x.numel() // length if length else 0
-    if fmt.outer:
-        blocks = blocks.view(lines, -(-length // fmt.block_size), fmt.block_size)
-    return blocks, restore, lines * fmt.padded_length(length)
+def torch_blocks(lines: Tensor, fmt: BlockFormat, hadamard: int) -> Tensor:
+    """The torch path's blocks: `lines_in_place`'s (before, length, after) as (before, blocks, block_size,
+    after), each line zero-padded to a multiple of block_size; a line shorter than a block as one block of
+    its length (the padding's zeros change no scale and no rounding; the transform mixes them in, and Four
+    Over Six sums errors over a power-of-two block: padded there)."""
+    before, length, after = lines.shape
+    block_size = fmt.block_size
+    if length < block_size and not hadamard and fmt.rule != "four_over_six":
+        return lines.view(before, 1, length, after)
+    padding = -length % block_size
+    if padding:
+        lines = torch.nn.functional.pad(lines, (0, 0, 0, padding))
+    return lines.view(before, -1, block_size, after)
 
 
 def _random_bits(blocks: Tensor, fmt: BlockFormat, first: Tensor, high: Tensor) -> Tensor:
-    """The random bits of `torch_blocks`' rows, each element's by its position in the kernel's layout
-    (`format_blocks`: with an outer scale, each line padded to a multiple of the outer block), so that
-    both backends draw the same bits; `first`, `high`: `counter_keys`."""
-    if blocks.dim() == 2:
+    """The random bits of `torch_blocks`' blocks, each element's by its position in the kernel's layout
+    (`format_blocks`: line by line, each line padded to a multiple of the block or, with an outer scale,
+    of the outer block), so that both backends draw the same bits; `first`, `high`: `counter_keys`."""
+    before, count, size, after = blocks.shape
+    stride = fmt.padded_length(count * size)
+    if after == 1 and stride == count * size:  # the positions in order
         return counter_bits(blocks.numel(), first, high).view(blocks.shape)
-    lines, per_line, size = blocks.shape
-    stride = fmt.padded_length(per_line * size)
-    lines_start = torch.arange(lines, dtype=torch.int64, device=blocks.device)[:, None] * stride
-    within = torch.arange(per_line * size, dtype=torch.int64, device=blocks.device)
-    return hash_counter((lines_start + within).to(torch.int32), first, high).view(-1, size)
+    device = blocks.device
+    lines = torch.arange(before, dtype=torch.int64, device=device).view(-1, 1, 1, 1) * after
+    lines = lines + torch.arange(after, dtype=torch.int64, device=device)
+    within = torch.arange(count * size, dtype=torch.int64, device=device).view(1, count, size, 1)
+    return hash_counter((lines * stride + within).to(torch.int32), first, high)
 
 
-@CpuCompiled
-def _quantize_rows(
-    blocks: Tensor,
+@CpuCompiledPerLayout
+def _quantize_lines(
+    lines: Tensor,
     signs: Tensor | None,
     first: Tensor | None,
     high: Tensor | None,
@@ -236,20 +348,35 @@ def _quantize_rows(
     finite: bool,
     count: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """`torch_blocks`' rows quantized, in their dtype, all at once (`_quantize`), and where `count`, their
-    zeros; `first`, `high`: the random bits' keys (`counter_keys`), None for nearest rounding; `finite`:
-    every value is finite."""
+    """`lines_in_place`' lines quantized (`_quantize` of their `torch_blocks`), in their dtype and shape,
+    and where `count`, their zeros; `first`, `high`: the random bits' keys (`counter_keys`), None for
+    nearest rounding; `finite`: every value is finite."""
+    before, length, after = lines.shape
+    blocks = torch_blocks(lines, fmt, hadamard)
     random = None if first is None else _random_bits(blocks, fmt, first, high)
-    rows, line = _rows(blocks)
-    out = _quantize(rows, fmt, random, signs, plan, scale_plan, hadamard, finite, line).out.to(blocks.dtype)
+    out = _quantize(blocks, fmt, random, signs, plan, scale_plan, hadamard, finite).out.to(lines.dtype)
+    out = out.view(before, -1, after)[:, :length].contiguous()
     return out, count_zeros(out) if count else None
 
 
-def _rows(blocks: Tensor) -> tuple[Tensor, int | None]:
-    """`torch_blocks`' blocks as rows, and the number of blocks per line where they are grouped by line."""
-    if blocks.dim() == 2:
-        return blocks, None
-    return blocks.view(-1, blocks.shape[-1]), blocks.shape[1]
+@CpuCompiledPerLayout
+def _quantize_two(
+    lines_a: Tensor,
+    signs_a: Tensor | None,
+    first_a: Tensor | None,
+    high_a: Tensor | None,
+    lines_b: Tensor,
+    signs_b: Tensor | None,
+    first_b: Tensor | None,
+    high_b: Tensor | None,
+    config_a: tuple,
+    config_b: tuple,
+) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
+    """`_quantize_lines` of two tensors' lines (`quantize_block_pair`), each with its configuration (fmt,
+    plan, scale_plan, hadamard, finite, count), in one compiled call."""
+    out_a, zeros_a = _quantize_lines.fn(lines_a, signs_a, first_a, high_a, *config_a)
+    out_b, zeros_b = _quantize_lines.fn(lines_b, signs_b, first_b, high_b, *config_b)
+    return out_a, zeros_a, out_b, zeros_b
 
 
 def _quantize(
@@ -261,25 +388,20 @@ def _quantize(
     scale_plan: RoundingPlan,
     hadamard: int,
     all_finite: bool = False,
-    line: int | None = None,
 ) -> _Parts:
-    """Rows of block_size elements quantized, non-finite values included: they pass through, and with the
-    transform their whole group does (see the module). `random`: the elements' random bits (None for
-    nearest rounding); `signs`: the transform's (`transform_signs`); `all_finite`: every value is known
-    to be finite (the same result without the masks); `line`: with an outer scale, the blocks per line
-    (`torch_blocks`)."""
-    rows, size = blocks.shape
+    """`torch_blocks`' blocks (each along dim 2) quantized, non-finite values included: they pass through,
+    and with the transform their whole group does (see the module). `random`: the elements' random bits
+    (None for nearest rounding); `signs`: the transform's (`transform_signs`); `all_finite`: every value is
+    known to be finite (the same result without the masks)."""
     values = blocks.float()
     finite = None if all_finite else torch.isfinite(values)
     if hadamard and finite is not None:
-        finite = finite.view(rows, -1, hadamard).all(-1, keepdim=True).expand(rows, -1, hadamard)
-        finite = finite.reshape(rows, size)
+        finite = _groups(finite, hadamard).all(3, keepdim=True).expand(_groups(finite, hadamard).shape)
+        finite = finite.reshape(values.shape)
     kept = values if finite is None else torch.where(finite, values, 0.0)
     transformed, unscale = _transformed(kept, signs, fmt, hadamard)
     out_max = torch.finfo(blocks.dtype).max
-    parts = _quantize_finite(
-        transformed, unscale, signs, fmt, plan, scale_plan, random, hadamard, out_max, line
-    )
+    parts = _quantize_finite(transformed, unscale, signs, fmt, plan, scale_plan, random, hadamard, out_max)
     return parts if finite is None else parts._replace(out=torch.where(finite, parts.out, values))
 
 
@@ -290,8 +412,7 @@ def _quantize_seeded(
     `sign_seed`."""
     random = _random_bits(blocks, fmt, *counter_keys(seed, blocks.device)) if stochastic else None
     signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
-    rows, line = _rows(blocks)
-    return _quantize(rows, fmt, random, signs, *_plans(fmt), hadamard, line=line)
+    return _quantize(blocks, fmt, random, signs, *_plans(fmt), hadamard)
 
 
 def _plans(fmt: BlockFormat) -> tuple[RoundingPlan, RoundingPlan]:
@@ -307,12 +428,26 @@ def _transformed(
     module)."""
     if not hadamard:
         return values, None
-    rows, size = values.shape
     unscale = None
     if not fmt.from_tensor_max:
-        prescale, unscale = prescales(values.abs().amax(1, keepdim=True), hadamard)
+        prescale, unscale = prescales(values.abs().amax(2, keepdim=True), hadamard)
         values = values * prescale
-    return butterfly(values.view(rows, size // hadamard, hadamard) * signs).view(rows, size), unscale
+    return _transform(values, signs, hadamard, inverse=False), unscale
+
+
+def _groups(blocks: Tensor, hadamard: int) -> Tensor:
+    """`torch_blocks`' blocks as (before, blocks, groups, hadamard, after): the transform's groups along
+    dim 3."""
+    before, count, size, after = blocks.shape
+    return blocks.view(before, count, size // hadamard, hadamard, after)
+
+
+def _transform(values: Tensor, signs: Tensor, hadamard: int, inverse: bool) -> Tensor:
+    """H D v / sqrt(n) (or its inverse D H v / sqrt(n)) of each group of `hadamard` elements of the blocks."""
+    column = signs.view(-1, 1)  # along dim 3 of the groups
+    groups = _groups(values, hadamard)
+    out = column * butterfly(groups, 3) if inverse else butterfly(groups * column, 3)
+    return out.view(values.shape)
 
 
 def _tensor_statistic(
@@ -320,7 +455,7 @@ def _tensor_statistic(
 ) -> Tensor:
     """What a per-tensor scale is made of, as a maximum over blocks: TE's
     largest magnitude (and Four Over Six's); torchao's largest amax / (S_max max_value) before its floor;
-    0 for MX. With `dim`, the maxima along it (an outer block's, its rows along dim 1; kept as a column)."""
+    0 for MX. With `dim`, the maxima along it (kept: an outer block's, its blocks along `dim`)."""
 
     def largest(values: Tensor) -> Tensor:
         return values.max() if dim is None else values.amax(dim, keepdim=True)
@@ -350,26 +485,26 @@ def _quantize_finite(
     random: Tensor | None,
     hadamard: int,
     out_max: float,
-    line: int | None,
 ) -> _Parts:
     """Finite rows quantized after their transform (`_transformed`: the values and their blocks' unscale)
     given their random bits (`plan`: the elements' rounding, `scale_plan`: a two-level format's block
-    scales'); results beyond the output dtype's largest value `out_max` saturate there; `line`: with an
-    outer scale, the blocks per line (`torch_blocks`)."""
-    rows, size = transformed.shape
+    scales'); results beyond the output dtype's largest value `out_max` saturate there."""
     magnitude = transformed.abs()
-    amax = magnitude.amax(1, keepdim=True)
-    if fmt.outer:  # each outer block's float32 scale, from its rows (a line's last one may have fewer)
+    amax = magnitude.amax(2, keepdim=True)
+    if fmt.outer:  # each outer block's float32 scale, from its blocks (a line's last one may have fewer)
+        before, count, _, after = amax.shape
         per_outer = fmt.outer // fmt.block_size
-        groups = -(-line // per_outer)
+        groups = -(-count // per_outer)
+        padding = (0, 0, 0, 0, 0, groups * per_outer - count)
 
-        def by_outer(column: Tensor, value: float) -> Tensor:  # (outer blocks, per_outer), padded
-            return torch.nn.functional.pad(column.view(-1, line), (0, groups * per_outer - line), value=value)
+        def by_outer(column: Tensor, value: float) -> Tensor:  # (before, outer blocks, per_outer, 1, after)
+            padded = torch.nn.functional.pad(column, padding, value=value)
+            return padded.view(before, groups, per_outer, 1, after)
 
-        maxima = by_outer(amax, 0.0).view(-1, per_outer)  # padding: blocks of zeros, unscale 1
-        unscales = None if unscale is None else by_outer(unscale, 1.0).view(-1, per_outer)
-        largest = _finish_statistic(_tensor_statistic(maxima, fmt, unscales, dim=1), fmt)
-        statistic = largest.expand(-1, per_outer).reshape(-1, groups * per_outer)[:, :line].reshape(-1, 1)
+        maxima = by_outer(amax, 0.0)  # padding: blocks of zeros, unscale 1
+        unscales = None if unscale is None else by_outer(unscale, 1.0)
+        largest = _finish_statistic(_tensor_statistic(maxima, fmt, unscales, dim=2), fmt)
+        statistic = largest.expand(maxima.shape).reshape(before, -1, 1, after)[:, :count]
     else:
         statistic = _finish_statistic(_tensor_statistic(amax, fmt, unscale), fmt)
     if fmt.rule == "four_over_six":
@@ -395,7 +530,7 @@ def _quantize_finite(
         dequantized = (rounded / 3.0 if fmt.rule == "three_quarters" else rounded) * total
     out = _apply_sign(dequantized, transformed, plan)
     if hadamard:
-        out = (signs * butterfly(out.view(rows, size // hadamard, hadamard))).view(rows, size)
+        out = _transform(out, signs, hadamard, inverse=True)
         out = out if unscale is None else out * unscale
     return _Parts(transformed, scaled, rounded, out.clamp(-out_max, out_max))
 
@@ -415,7 +550,7 @@ def block_errors(
     a trailing block's padding)."""
     if x.numel() == 0:
         raise ValueError("block_errors measures shares of a tensor's elements: x is empty")
-    blocks, _, _ = torch_blocks(x.detach(), fmt, axis)
+    blocks = torch_blocks(lines_in_place(x.detach(), axis)[0], fmt, hadamard)
     parts = _quantize_seeded(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
     nonzero = parts.transformed != 0
     flushed = (nonzero & (parts.rounded == 0)).sum() / nonzero.sum().clamp_min(1)
@@ -481,7 +616,7 @@ def _four_over_six(
         dequantized = torch.where(
             torch.isfinite(dequantized), dequantized, rounded * scale * (largest / FOUR_OVER_SIX_ENCODE)
         )
-        error = pairwise_sum((dequantized - magnitude).square())
+        error = pairwise_sum((dequantized - magnitude).square(), 2)
         candidates.append((scaled, rounded, dequantized, scale, error))
     *six_parts, six_error = candidates[0]
     *four_parts, four_error = candidates[1]
@@ -492,13 +627,13 @@ def _four_over_six(
     return scaled, rounded, dequantized, scale
 
 
-def pairwise_sum(values: Tensor) -> Tensor:
-    """The sum of each row (a power of two long; kept as a column) in a fixed order: neighbours first, then
+def pairwise_sum(values: Tensor, dim: int) -> Tensor:
+    """The sums along `dim` (a power of two long; kept) in a fixed order: neighbours first, then
     neighbouring pairs, and so on (the kernel adds in the same order, so that both backends agree bit for
     bit)."""
-    while values.shape[-1] > 1:
-        values = values.unflatten(-1, (-1, 2))
-        values = values[..., 0] + values[..., 1]
+    while values.shape[dim] > 1:
+        values = values.unflatten(dim, (-1, 2))
+        values = values.select(dim + 1, 0) + values.select(dim + 1, 1)
     return values
 
 

@@ -30,7 +30,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, FloatLayout, check_float, compute_layout, use_triton
+from gradcomp._backend import Backend, FloatLayout, check_float, compiling, compute_layout, use_triton
 from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import FPFormat, parse_format
 from gradcomp.ops._chunked import map_chunks
@@ -244,7 +244,7 @@ def _round_nearest_bits(magnitude: Tensor, plan: RoundingPlan, layout: FloatLayo
         bits = (bits + (1 << (d - 1)) - 1 + (((bits >> d) + plan.tie_offset) & 1)) & -(1 << d)
     rounded = bits.view(layout.float_dtype)
     small = magnitude < plan.min_normal
-    if torch.compiler.is_compiling() or small.any():  # compiled: branch-free (the same values)
+    if compiling() or small.any():  # compiled: branch-free (the same values)
         tiny = torch.where(small, magnitude, 0.0)
         rounded = torch.where(small, (tiny + plan.magic) - plan.magic, rounded)
     return rounded
@@ -259,7 +259,7 @@ def _round_stochastic(magnitude: Tensor, random: Tensor, plan: RoundingPlan, lay
     rounded = bits.view(layout.float_dtype)
     small = magnitude < plan.min_normal
     # the other lanes compute garbage (possibly inf/NaN) that where() discards; compiled: branch-free
-    if torch.compiler.is_compiling() or small.any():
+    if compiling() or small.any():
         rounded = torch.where(small, _stochastic_quanta(magnitude, random, plan), rounded)
     return rounded
 
@@ -277,7 +277,7 @@ def _stochastic_quanta(magnitude: Tensor, random: Tensor, plan: RoundingPlan) ->
     whole = torch.floor(t)
     t -= whole
     t *= 2.0**24
-    if torch.compiler.is_compiling():  # ceil(clamp(t - u, 0, 1)) is 1 where u < t, as exact arithmetic:
+    if compiling():  # ceil(clamp(t - u, 0, 1)) is 1 where u < t, as exact arithmetic:
         # inductor stores a compared mask element by element where a custom operator splits the loop (3x)
         return _times(whole + torch.ceil(torch.clamp(t - uniform24(random), 0.0, 1.0)), plan.from_quanta)
     return _times(whole + (uniform24(random) < t), plan.from_quanta)

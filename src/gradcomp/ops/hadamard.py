@@ -95,15 +95,18 @@ def prescales(amax: Tensor, hadamard: int) -> tuple[Tensor, Tensor]:
 
 
 @torch.library.custom_op("gradcomp::butterfly", mutates_args=())
-def butterfly(values: Tensor) -> Tensor:
-    """H v / sqrt(n) along the last axis (n a power of two), float32, in the kernel's order of operations
+def butterfly(values: Tensor, dim: int = -1) -> Tensor:
+    """H v / sqrt(n) along `dim` (n a power of two), float32, in the kernel's order of operations
     (contiguous). The position within the transform is the outer axis while the stages run, so that each
     stage is two passes over contiguous halves, written into the other of two buffers (several times
     faster than strided pairs). An operator of its own, so that compiled callers call it as it is:
     inductor inlined each stage into the next (every output reading all n inputs) and took a minute to
     compile that into code slower than this."""
-    size = values.shape[-1]
-    columns = values.reshape(-1, size).t().contiguous()  # (position, transform)
+    source = values.movedim(dim, 0)
+    size = source.shape[0]
+    columns = torch.empty(source.shape, dtype=values.dtype, device=values.device)  # (position, transform)
+    columns.copy_(source)  # a copy also where source is one: the stages write into both buffers
+    columns = columns.view(size, -1)
     spare = torch.empty_like(columns)
     half = 1
     while half < size:  # stage: the sums and differences of the positions `half` apart
@@ -114,9 +117,10 @@ def butterfly(values: Tensor) -> Tensor:
         columns, spare = spare, columns
         half *= 2
     out = torch.empty(values.shape, dtype=values.dtype, device=values.device)
-    return torch.mul(columns.t().reshape(values.shape), transform_norm(size), out=out)
+    torch.mul(columns.view(source.shape).movedim(0, dim), transform_norm(size), out=out)
+    return out
 
 
 @butterfly.register_fake
-def _butterfly_shape(values: Tensor) -> Tensor:
+def _butterfly_shape(values: Tensor, dim: int = -1) -> Tensor:
     return torch.empty_like(values, memory_format=torch.contiguous_format)
