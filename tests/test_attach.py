@@ -176,3 +176,42 @@ def test_zero_counts_are_exact_beyond_float32_integers():
     assert count_zeros(x).item() == (1 << 24) + 1  # a float32 sum would round to 2^24
     assert count_zeros(torch.tensor([0.0, -0.0, 2.0], dtype=torch.bfloat16)).item() == 2
     assert count_zeros(torch.empty(0)).item() == 0
+
+
+@pytest.mark.parametrize("policy", ["mxfp4", "nvidia_nvfp4", "int:bits=5,scheme=psq"])
+@pytest.mark.parametrize("channels_last", [False, True])
+def test_plain_convolutions_take_aten_backward_with_the_same_gradients(monkeypatch, policy, channels_last):
+    """A two-stream policy's plain convolutions call aten's convolution backward once per gradient copy
+    instead of differentiating a local graph twice: the same gradients and counts, bit for bit (strides,
+    dilation, groups, no bias; a linear layer and a convolution the fast path does not take, beside)."""
+    import gradcomp.attachment as attachment_module
+
+    plain_convolution = attachment_module._plain_convolution
+    results = []
+    for plain in (True, False):
+        if not plain:
+            monkeypatch.setattr(attachment_module, "_plain_convolution", lambda module: False)
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Conv2d(3, 8, 3, stride=2, padding=1),
+            nn.ReLU(),
+            nn.Conv2d(8, 8, 3, dilation=2, groups=2, bias=False),
+            nn.Conv2d(8, 8, 3, padding="same", padding_mode="reflect"),
+            nn.Flatten(),
+            nn.Linear(8 * 4 * 4, 10),
+        )
+        x = torch.randn(4, 3, 16, 16)
+        if channels_last:
+            model, x = (
+                model.to(memory_format=torch.channels_last),
+                x.contiguous(memory_format=torch.channels_last),
+            )
+        handle = attach(model, CompressionConfig(policy, layer_types=("conv", "linear")), seed=1)
+        path = type(model[0](x).grad_fn).__name__
+        assert path == ("_TwoStreamConvBackward" if plain else "_TwoStreamLayerBackward")
+        nn.functional.cross_entropy(model(x), torch.arange(4)).backward()
+        results.append(([p.grad for p in model.parameters()], handle.sparsity()))
+    (grads, sparsity), (expected, expected_sparsity) = results
+    assert all(torch.equal(a, b) for a, b in zip(grads, expected, strict=True))
+    assert sparsity == expected_sparsity
+    assert plain_convolution(nn.Conv2d(3, 8, 3)) and not plain_convolution(model[3])

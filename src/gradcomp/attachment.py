@@ -533,16 +533,10 @@ class _TwoStreamLayer(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, g: Tensor):
-        attachment, layer = ctx.attachment, ctx.layer
         needs_input = ctx.local_input.requires_grad
         input_grad = None
         param_grads: Sequence[Tensor | None] = ()
-        if ctx.params and needs_input:
-            g_weight, g_input = attachment.compress_both(layer, g)
-        elif ctx.params:  # the weight path is counted when it is the only one (e.g. the first layer)
-            g_weight = attachment.compress(layer, g, weight_path=True)
-        else:
-            g_input = attachment.compress(layer, g)
+        g_weight, g_input = _two_copies(ctx.attachment, ctx.layer, g, bool(ctx.params), needs_input)
         if ctx.params:
             param_grads = torch.autograd.grad(
                 ctx.out, ctx.params, g_weight, allow_unused=True, retain_graph=True
@@ -551,6 +545,64 @@ class _TwoStreamLayer(torch.autograd.Function):
             (input_grad,) = torch.autograd.grad(ctx.out, ctx.local_input, g_input)
         del ctx.out, ctx.local_input
         return None, None, None, input_grad, *param_grads
+
+
+class _TwoStreamConv(torch.autograd.Function):
+    """`_TwoStreamLayer` for a plain convolution (`_plain_convolution`): its gradients from aten's
+    convolution backward directly, one call per copy with the arguments and output masks autograd gives it
+    (the same results), without a local graph and two passes of the autograd engine (a fifth of a small
+    network's step on CPUs)."""
+
+    @staticmethod
+    def forward(ctx, attachment: Attachment, layer: LayerState, conv: nn.Module, x: Tensor, weight, bias):
+        ctx.attachment, ctx.layer, ctx.conv, ctx.bias = attachment, layer, conv, bias is not None
+        ctx.save_for_backward(x, weight)
+        return conv._conv_forward(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx, g: Tensor):
+        x, weight = ctx.saved_tensors
+        needs_input, needs_weight, needs_bias = ctx.needs_input_grad[3:6]
+        g_weight, g_input = _two_copies(ctx.attachment, ctx.layer, g, needs_weight or needs_bias, needs_input)
+        conv = ctx.conv
+        options = (conv.stride, conv.padding, conv.dilation, False, conv.output_padding, conv.groups)
+        bias_sizes = [weight.shape[0]] if ctx.bias else None
+        input_grad = weight_grad = bias_grad = None
+        if needs_weight or needs_bias:
+            mask = [False, needs_weight, needs_bias]
+            _, weight_grad, bias_grad = torch.ops.aten.convolution_backward(
+                g_weight, x, weight, bias_sizes, *options, mask
+            )
+        if needs_input:
+            input_grad = torch.ops.aten.convolution_backward(
+                g_input, x, weight, bias_sizes, *options, [True, False, False]
+            )[0]
+        return None, None, None, input_grad, weight_grad, bias_grad
+
+
+def _two_copies(
+    attachment: Attachment, layer: LayerState, g: Tensor, weights: bool, inputs: bool
+) -> tuple[Tensor | None, Tensor | None]:
+    """(the weight-gradient copy where the parameters need one, the input-gradient copy where the input
+    does): the weight path is counted when it is the only one (e.g. the first layer)."""
+    if weights and inputs:
+        return attachment.compress_both(layer, g)
+    if weights:
+        return attachment.compress(layer, g, weight_path=True), None
+    return None, attachment.compress(layer, g)
+
+
+def _plain_convolution(module: nn.Module) -> bool:
+    """Whether `_TwoStreamConv` computes what the module's forward and autograd do: torch's own
+    convolution class (no subclass forward), zero padding given as numbers, no parametrization, no forward
+    of the instance's own."""
+    return (
+        type(module) in (nn.Conv1d, nn.Conv2d, nn.Conv3d)
+        and module.padding_mode == "zeros"
+        and not isinstance(module.padding, str)
+        and not torch.nn.utils.parametrize.is_parametrized(module)
+        and "forward" not in vars(module)
+    )
 
 
 def select_layers(
@@ -742,10 +794,13 @@ def _input_hook(attachment: Attachment, layer: LayerState):
 
 def _wrap_forward(module: nn.Module, attachment: Attachment, layer: LayerState) -> Callable[[], None]:
     original = module.forward
+    plain = _plain_convolution(module)
 
     def forward(x: Tensor, *args, **kwargs):
         if not torch.is_grad_enabled():
             return original(x, *args, **kwargs)
+        if plain and not args and not kwargs and not torch.is_autocast_enabled(x.device.type):
+            return _TwoStreamConv.apply(attachment, layer, module, x, module.weight, module.bias)
         params = tuple(p for p in module.parameters() if p.requires_grad)  # parametrized weights too
         return _TwoStreamLayer.apply(
             attachment, layer, lambda inp: original(inp, *args, **kwargs), x, *params
