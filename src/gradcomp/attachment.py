@@ -51,8 +51,7 @@ from gradcomp.compress import (
     LayerStats,
     check_dtype,
     compress,
-    compress_both,
-    pairs_copies,
+    pair_compressor,
     plan,
 )
 from gradcomp.config import CompressionConfig
@@ -274,13 +273,14 @@ class Attachment:
 
     def compress_both(self, layer: LayerState, g: Tensor) -> tuple[Tensor, Tensor]:
         """(the weight-gradient copy, the input-gradient copy): `compress` of each, one after the other,
-        but that a policy that quantizes both together (`compress_both`) does so."""
+        but that a policy that quantizes both together (`pair_compressor`) does so."""
         policy = layer.policy or self.policy
-        if not self.active or not pairs_copies(policy):
+        pair = pair_compressor(policy)
+        if not self.active or pair is None:
             return self.compress(layer, g, weight_path=True, count=False), self.compress(layer, g)
         weight, inputs = self._copy(layer, g, True, False), self._copy(layer, g, False, True)
         assert weight is not None and inputs is not None  # active
-        out_weight, out_inputs = compress_both(policy, weight, inputs, layer.stats)
+        out_weight, out_inputs = pair(policy, weight, inputs, layer.stats)
         return (
             self._after(layer, policy, weight, out_weight, False),
             self._after(layer, policy, inputs, out_inputs, True),

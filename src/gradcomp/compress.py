@@ -466,20 +466,11 @@ def _block_pair(
 _PAIR_COMPRESSORS: dict[type[Policy], Callable[..., tuple[Tensor, Tensor]]] = {Block: _block_pair}
 
 
-def pairs_copies(policy: Policy) -> bool:
-    """Whether `compress_both` quantizes the policy's two copies together."""
-    return type(policy) in _PAIR_COMPRESSORS
-
-
-def compress_both(
-    policy: Policy, weight: GradientCopy, inputs: GradientCopy, stats: LayerStats
-) -> tuple[Tensor, Tensor]:
-    """`compress` of a gradient's weight-gradient copy, then of its input-gradient copy; where the policy
-    quantizes both together (the block formats), in one call."""
-    pair = _PAIR_COMPRESSORS.get(type(policy))
-    if pair is None:
-        return compress(policy, weight, stats), compress(policy, inputs, stats)
-    return pair(policy, weight, inputs, stats)
+def pair_compressor(policy: Policy) -> Callable[..., tuple[Tensor, Tensor]] | None:
+    """What compresses a gradient's weight-gradient and input-gradient copies together, (policy, weight
+    copy, input copy, stats) -> both results, where the policy has one (the block formats: one call); else
+    None: `compress` each."""
+    return _PAIR_COMPRESSORS.get(type(policy))
 
 
 def _block_arguments(policy: Block, copy: GradientCopy) -> dict:

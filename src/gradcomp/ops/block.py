@@ -37,6 +37,7 @@ value within a rounding step of it) saturate there.
 from __future__ import annotations
 
 import functools
+import inspect
 import numbers
 from collections.abc import Callable
 from typing import Literal, NamedTuple
@@ -131,43 +132,31 @@ def quantize_block_pair(first: dict, second: dict) -> tuple[Tensor, Tensor]:
     """`quantize_block(**first)`, `quantize_block(**second)`: the same results, for e.g. the two copies of
     one gradient in a training step; on the CPU's compiled path in one call for both (a call's own cost
     is much of a small layer's). Each dict holds quantize_block's arguments, x included."""
-    calls = [_BlockCall.of(**_defaults(arguments)) for arguments in (first, second)]
-    if any(
-        call.x.numel() == 0 or use_triton(call.x, arguments.get("backend", "auto"))
-        for call, arguments in zip(calls, (first, second), strict=True)
-    ):
+    bound = [_bound(arguments) for arguments in (first, second)]
+    calls = [_BlockCall.of(**arguments) for arguments, _ in bound]
+    backends = [backend for _, backend in bound]
+    if any(call.x.numel() == 0 or use_triton(call.x, b) for call, b in zip(calls, backends, strict=True)):
         return quantize_block(**first), quantize_block(**second)
     (lines_a, restore_a, args_a), (lines_b, restore_b, args_b) = (_lines_call(call) for call in calls)
     if _eagerly(calls[0], lines_a, args_a) or _eagerly(calls[1], lines_b, args_b):
-        return _torch_path(calls[0]), _torch_path(calls[1])
+        return _run(calls[0], lines_a, restore_a, args_a), _run(calls[1], lines_b, restore_b, args_b)
     out_a, zeros_a, out_b, zeros_b = _quantize_two(
         lines_a, *args_a[:3], lines_b, *args_b[:3], args_a[3:], args_b[3:]
     )
     return _finish(calls[0], out_a, zeros_a, restore_a), _finish(calls[1], out_b, zeros_b, restore_b)
 
 
-def _defaults(arguments: dict) -> dict:
-    """quantize_block_pair's arguments for `_BlockCall.of` (quantize_block's defaults; no backend)."""
-    known = dict(_CALL_DEFAULTS)
-    unknown = set(arguments) - set(known) - {"x", "element", "backend"}
+def _bound(arguments: dict) -> tuple[dict, str]:
+    """quantize_block's arguments, its defaults filled in, for `_BlockCall.of`; and the backend (a dict
+    of the defaults, read from the signature once: binding to the signature took tens of microseconds, at
+    every layer of a training step)."""
+    unknown, missing = set(arguments) - _PARAMETERS, _PARAMETERS - set(_DEFAULTS) - set(arguments)
     if unknown:
-        raise TypeError(f"quantize_block got unexpected arguments {sorted(unknown)}")
-    known.update({k: v for k, v in arguments.items() if k != "backend"})
-    return known
-
-
-_CALL_DEFAULTS = {
-    "block_size": 32,
-    "scale": "e8m0fnu",
-    "axis": -1,
-    "rounding": "nearest",
-    "seed": None,
-    "scale_rule": None,
-    "hadamard": 0,
-    "count_zeros_into": None,
-    "signs": "seed",
-    "outer": 0,
-}
+        raise TypeError(f"quantize_block_pair: got an unexpected keyword argument {sorted(unknown)[0]!r}")
+    if missing:
+        raise TypeError(f"quantize_block_pair: missing the argument {sorted(missing)[0]!r}")
+    bound = {**_DEFAULTS, **arguments}
+    return bound, bound.pop("backend")
 
 
 class _BlockCall(NamedTuple):
@@ -208,6 +197,14 @@ class _BlockCall(NamedTuple):
         stochastic = rounding == "stochastic"
         seed = resolve_seed(seed) if stochastic or (hadamard and signs == "seed") else 0
         return cls(x, fmt, axis, stochastic, seed, hadamard, sign_source(signs, seed), count_zeros_into)
+
+
+_PARAMETERS = set(inspect.signature(quantize_block).parameters)
+_DEFAULTS = {
+    name: parameter.default
+    for name, parameter in inspect.signature(quantize_block).parameters.items()
+    if parameter.default is not inspect.Parameter.empty
+}
 
 
 def block_format(element: object, block_size: object, scale: object, rule: str, outer: object) -> BlockFormat:
@@ -251,9 +248,13 @@ class _Parts(NamedTuple):
 def _torch_path(call: _BlockCall) -> Tensor:
     """The torch implementation (the kernel's oracle) on x's lines along the axis where they lie in memory
     (`lines_in_place`): one call of `_quantize_lines`, compiled on CPU for each layout
-    (`CpuCompiledPerLayout`: a few fused loops, the padding of a short block inside them), but under Four
-    Over Six, whose two candidates inductor fused into a different choice for some blocks: eagerly there."""
-    lines, restore, args = _lines_call(call)
+    (`CpuCompiledPerLayout`: a few fused loops), but under Four Over Six, whose two candidates inductor
+    fused into a different choice for some blocks: eagerly there."""
+    return _run(call, *_lines_call(call))
+
+
+def _run(call: _BlockCall, lines: Tensor, restore: Callable[[Tensor], Tensor], args: tuple) -> Tensor:
+    """`_quantize_lines` of `_lines_call`'s lines and arguments, as x."""
     quantize = _quantize_lines.fn if call.fmt.rule == "four_over_six" else _quantize_lines
     out, zeros = quantize(lines, *args)
     return _finish(call, out, zeros, restore)
@@ -276,9 +277,11 @@ def _lines_call(call: _BlockCall) -> tuple[Tensor, Callable[[Tensor], Tensor], t
             f"{fmt.outer or fmt.block_size}), got {before * after * fmt.padded_length(length)}: quantize "
             "the tensor in parts"
         )
+    # padded before the compiled call: inside it, inductor's padding of (lines, length, 1) tensors read
+    # undefined memory at times (two-level scales with stochastic rounding)
     blocks = torch_blocks(lines, fmt, call.hadamard)
-    if blocks.numel() != lines.numel():  # padded here: compiled, inductor's padding of (lines, 1) lines
-        lines, unpadded = blocks.view(before, -1, after), restore  # read undefined memory at times
+    if blocks.numel() != lines.numel():
+        lines, unpadded = blocks.view(before, -1, after), restore
 
         def restore(out: Tensor) -> Tensor:
             return unpadded(out[:, :length].contiguous())
@@ -348,14 +351,13 @@ def _quantize_lines(
     finite: bool,
     count: bool,
 ) -> tuple[Tensor, Tensor | None]:
-    """`lines_in_place`' lines quantized (`_quantize` of their `torch_blocks`), in their dtype and shape,
-    and where `count`, their zeros; `first`, `high`: the random bits' keys (`counter_keys`), None for
-    nearest rounding; `finite`: every value is finite."""
-    before, length, after = lines.shape
+    """`_lines_call`'s lines (padded there) quantized (`_quantize` of their `torch_blocks`), in their dtype
+    and shape, and where `count`, their zeros; `first`, `high`: the random bits' keys (`counter_keys`), None
+    for nearest rounding; `finite`: every value is finite."""
     blocks = torch_blocks(lines, fmt, hadamard)
     random = None if first is None else _random_bits(blocks, fmt, first, high)
     out = _quantize(blocks, fmt, random, signs, plan, scale_plan, hadamard, finite).out.to(lines.dtype)
-    out = out.view(before, -1, after)[:, :length].contiguous()
+    out = out.view(lines.shape)
     return out, count_zeros(out) if count else None
 
 
