@@ -210,14 +210,21 @@ def _two_level(x: np.ndarray, scale: str, rule: str) -> np.ndarray:
     normal from the dtype's finfo, s = max(amax / (S * 6), 2^-126 / smallest normal), block scale amax_b /
     6 / s clipped to [smallest normal, S] and cast to the dtype (nearest, ties to even) or, for ceil, the
     least of the dtype's values at or above it (from all 256 codes), elements x / (s * scale) clipped to 6 and
-    cast to E2M1, times s * scale."""
+    cast to E2M1, times s * scale. The reciprocal rule, from its definition (`gradcomp.block_format`): C = S *
+    smallest normal, the block scale C / cast(clip(C / (amax_b / 6 / s), smallest normal, S))."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     f32, dtype = np.float32, getattr(ml_dtypes, SCALE_DTYPES[scale])
     info = ml_dtypes.finfo(dtype)
     top, smallest = f32(float(info.max)), f32(float(info.smallest_normal))
     tensor_scale = max(np.abs(x).max() / (top * f32(6.0)), f32(2.0**-126) / smallest)
-    block = np.clip(np.abs(x).max(axis=1) / f32(6.0) / tensor_scale, smallest, top).astype(f32)
-    if rule == "ceil":
+    ratio = np.abs(x).max(axis=1) / f32(6.0) / tensor_scale
+    block = np.clip(ratio, smallest, top).astype(f32)
+    if rule == "reciprocal":
+        constant = top * smallest
+        with np.errstate(divide="ignore"):  # a zero block: an infinite reciprocal, clipped to S
+            reciprocal = np.clip(constant / ratio, smallest, top).astype(f32)
+        block = (constant / reciprocal.astype(dtype).astype(f32)).astype(f32)
+    elif rule == "ceil":
         codes = np.arange(256, dtype=np.uint8).view(dtype).astype(f32)
         grid = np.unique(codes[np.isfinite(codes) & (codes > 0)])
         block = grid[np.searchsorted(grid, block, side="left")]
@@ -229,7 +236,7 @@ def _two_level(x: np.ndarray, scale: str, rule: str) -> np.ndarray:
 
 
 @pytest.mark.parametrize("scale", list(SCALE_DTYPES))
-@pytest.mark.parametrize("rule", ["floor", "ceil"])
+@pytest.mark.parametrize("rule", ["floor", "ceil", "reciprocal"])
 def test_two_level_scales_are_torchaos_rule_in_each_scale_format(scale, rule):
     """Bit for bit against the ml_dtypes transcription (which is torchao's NVFP4 for E4M3 and floor: checked
     in the first case), on data whose blocks span 40 binades, so that the narrow E3M4 clamps many of them to
@@ -248,7 +255,7 @@ def test_two_level_scales_are_torchaos_rule_in_each_scale_format(scale, rule):
 
 
 @pytest.mark.parametrize(("scale", "outer"), [("e4m3fn", 128), ("float8_e3m4", 64), ("e5m3fnu", 256)])
-@pytest.mark.parametrize("rule", ["floor", "ceil"])
+@pytest.mark.parametrize("rule", ["floor", "ceil", "reciprocal"])
 def test_outer_scales_are_the_two_level_rule_on_each_outer_block(scale, outer, rule):
     """TetraJet-v2's two-level scale: each outer block of the axis quantized as a tensor of its own by the
     transcription above (the axis zero-padded to a multiple of it, the padding dropped)."""
@@ -264,12 +271,15 @@ def test_outer_scales_are_the_two_level_rule_on_each_outer_block(scale, outer, r
     assert (per_tensor[2, :128] != 0).sum() < (got[2, :128] != 0).sum()  # its own scale flushes less
 
 
-@pytest.mark.parametrize("scale", ["float8_e3m4", "e5m3fnu"])
-@pytest.mark.parametrize("rule", ["floor", "ceil"])
+@pytest.mark.parametrize(
+    ("scale", "rule"),
+    [(scale, rule) for scale in ("float8_e3m4", "e5m3fnu") for rule in ("floor", "ceil")]
+    + [(scale, "reciprocal") for scale in SCALE_DTYPES],
+)
 def test_two_level_scales_match_on_both_backends(kernel_device, scale, rule):
     x = _awkward((40, 64))
     for size in (0, 16):
-        for rounding in ("nearest", "stochastic") if rule == "ceil" else ("nearest",):
+        for rounding in ("nearest",) if rule == "floor" else ("nearest", "stochastic"):
             for outer in (0, 128):
                 _same_on_both_backends(
                     x[:, :50], element="e2m1fn", block_size=16, scale=scale, scale_rule=rule, hadamard=size,
@@ -397,7 +407,8 @@ def test_bad_arguments_are_refused():
                           ({"scale_rule": "round"}, "scale_rule"), ({"hadamard": 64}, "divide"),
                           ({"rounding": "up"}, "rounding"), ({"axis": 2}, "axis"),
                           ({"rounding": "stochastic", "scale_rule": "floor"}, "biased"),
-                          ({"element": "e8m0fnu"}, "sign")):  # fmt: skip
+                          ({"element": "e8m0fnu"}, "sign"), ({"scale_rule": "reciprocal"}, "two-level"),
+                          ({"scale_rule": "round"}, "reciprocal")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             quantize_block(x, **{"element": "e4m3fn", **kwargs})
     with pytest.raises(TypeError, match="float32"):
@@ -454,6 +465,7 @@ POLICIES = [
     ("tetrajet_v2", 9.5, "NVFP4 ceil outer 128 SR H16"),
     ("nvfp4:rule=four_over_six", 9.0, "NVFP4 4/6"),
     ("nvfp4:scale=float8_e3m4,block=32", 8.5, "E2M1/32 E3M4"),
+    ("nvfp4:rule=reciprocal,rounding=stochastic", 9.0, "NVFP4 1/s SR"),
 ]
 
 
@@ -573,11 +585,18 @@ def test_block_theory_matches_monte_carlo(name, rule, rounding, sigma2):
         assert measured[2] == pytest.approx(predicted.relative_mse, rel=0.05)
 
 
-@pytest.mark.parametrize("scale", ["float8_e3m4", "e5m3fnu"])
-@pytest.mark.parametrize(("rule", "rounding"), [("floor", "nearest"), ("ceil", "stochastic")])
+TWO_LEVEL_SETTINGS = [("floor", "nearest"), ("ceil", "stochastic")]
+
+
+@pytest.mark.parametrize(
+    ("scale", "rule", "rounding"),
+    [(scale, *setting) for scale in ("float8_e3m4", "e5m3fnu") for setting in TWO_LEVEL_SETTINGS]
+    + [(scale, "reciprocal", "nearest") for scale in SCALE_DTYPES],
+)
 @pytest.mark.parametrize("sigma2", [1.5, 2.5, 4.0])
 def test_two_level_scale_theory_matches_monte_carlo(scale, rule, rounding, sigma2):
-    """The theory of the E3M4 and UE5M3 scales (their grids, clamps and per-tensor scale) against 2^20
+    """The theory of the E3M4 and UE5M3 scales and of the reciprocal rule in each scale format (their
+    grids, clamps and per-tensor scale) against 2^20
     draws, given the sample's largest magnitude (E3M4's six binades of block scales clamp every block more
     than 2^6 below the largest, so its flushed share moves with where the per-tensor scale lands): the
     shares within 0.01, the relative MSE within 5 % up to sigma2 1.5."""

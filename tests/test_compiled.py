@@ -123,6 +123,16 @@ BLOCK_CASES = [
     ({"element": "e2m1fn", "scale_rule": "three_quarters", "hadamard": 32, "signs": 3}, "stochastic"),
     ({"element": "e2m1fn", "block_size": 16, "scale": "float8_e3m4"}, "nearest"),
     ({"element": "e2m1fn", "block_size": 16, "scale": "e5m3fnu", "scale_rule": "ceil"}, "stochastic"),
+    (
+        {
+            "element": "e2m1fn",
+            "block_size": 16,
+            "scale": "e4m3fn",
+            "scale_rule": "reciprocal",
+            "hadamard": 16,
+        },
+        "stochastic",
+    ),
     ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "scale_rule": "four_over_six"}, "stochastic"),
     # TetraJet-v2: outer blocks grouped by line, each line shorter than the outer block of 128
     ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "outer": 128, "hadamard": 16}, "stochastic"),

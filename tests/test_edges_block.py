@@ -47,7 +47,8 @@ def test_hadamard_of_large_values_does_not_overflow_before_it_normalises(kernel_
 
 
 LARGE = [{"element": "e2m1fn", "hadamard": 32}, {**NVFP4, "hadamard": 16},
-         {"element": "e4m3fn", "hadamard": 8, "rounding": "stochastic"}]  # fmt: skip
+         {"element": "e4m3fn", "hadamard": 8, "rounding": "stochastic"},
+         {**NVFP4, "hadamard": 16, "scale_rule": "reciprocal"}]  # fmt: skip
 
 
 @pytest.mark.parametrize("options", LARGE)
@@ -172,6 +173,8 @@ BLOCK_OPTIONS = st.sampled_from(
         NVFP4,
         {**NVFP4, "rounding": "stochastic", "hadamard": 16},
         {**NVFP4, "hadamard": 8, "scale_rule": "ceil"},
+        {**NVFP4, "rounding": "stochastic", "scale_rule": "reciprocal"},
+        {**NVFP4, "scale": "float8_e3m4", "hadamard": 16, "scale_rule": "reciprocal"},
     ]
 )
 

@@ -20,7 +20,18 @@ a scale format:
   format; elements are divided by s times it (torchao's NVFP4 reference, with E4M3's constants those of the
   scale format). ``rule="floor"``: rounded to nearest (ties to even), where a block scale rounded down
   saturates the block's largest values; ``rule="ceil"``: rounded up, so nothing saturates (but for float32's
-  rounding of the two divisions, at most 2^-22 of the block's largest value). ``rule="te"`` (E4M3 only):
+  rounding of the two divisions, at most 2^-22 of the block's largest value). ``rule="reciprocal"``: FP4 All
+  the Way's NVFP4 variant (arXiv 2505.19115, which rounds the reciprocal 6 / amax(block) to E4M3 where others
+  round amax(block) / 6), for every two-level scale: torchao's per-tensor scale s and block ratio d =
+  amax(block) / max_value / s as under ``floor``, then its reciprocal r = C / d with C = S_max * smallest
+  normal (7 for E4M3 and UE5M3, 3.875 for E3M4), clamped to [smallest normal, S_max] and rounded to nearest,
+  and the block's scale s * (C / r) (a float32 division, then the product). The constant C is gradcomp's
+  choice, as the variant's code was not at hand: a gradient's 6 / amax(block) lies far above E4M3's range, so
+  a per-tensor factor is needed, and C maps d's range [smallest normal, S_max] onto itself (the largest block
+  gets r = smallest normal), so that the two rules clamp the same blocks and differ only in which number the
+  scale format rounds. A reciprocal rounded up saturates the block's largest values, as ``floor``'s scale
+  rounded down does; stochastic rounding is allowed, as FP4 All the Way trains with it, and is biased
+  there. ``rule="te"`` (E4M3 only):
   Transformer Engine's NVFP4 cast (`te_constants`): the encode scale s_enc = 448 * max_value / amax(tensor) (1
   for a tensor of zeros), each block's decode scale amax(block) * (s_enc * (1 / max_value)) rounded to nearest
   E4M3 and saturating at 448 but not clamped below, so a block whose scale underflows E4M3 decodes to zero;
@@ -115,6 +126,11 @@ class BlockFormat:
             raise ValueError(f"scale must be one of {BLOCK_SCALES}, got {self.scale!r}")
         if self.rule not in SCALE_RULES:
             raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.rule!r}")
+        if self.rule == "reciprocal" and not self.per_tensor:
+            raise ValueError(
+                "scale_rule='reciprocal' rounds a two-level format's block scale reciprocal: it takes scale "
+                "'e4m3fn', 'float8_e3m4' or 'e5m3fnu'"
+            )
         if self.rule == "te" and self.scale != "e4m3fn":  # TE's constants are E4M3's
             raise ValueError("scale_rule='te' is Transformer Engine's NVFP4 cast: it takes scale='e4m3fn'")
         if self.rule == "four_over_six" and (self.scale != "e4m3fn" or fmt.max_value != 6.0):
@@ -180,6 +196,13 @@ class BlockFormat:
         return 2.0**scale.emin, scale.max_value
 
     @property
+    def reciprocal_constant(self) -> float:
+        """C of the ``reciprocal`` rule: the scale format's largest value times its smallest normal (exact in
+        float32), which maps the block ratios' clamped range onto itself."""
+        low, high = self.scale_range
+        return low * high
+
+    @property
     def tensor_scale_floor(self) -> float:
         """The per-tensor scale is at least this, so that times the smallest block scale it is a normal
         float32 (2^-120 for E4M3)."""
@@ -214,7 +237,14 @@ class BlockFormat:
         return f"E{fmt.exp_bits}M{fmt.man_bits}/{self.block_size} {scale}{outer}"
 
 
-RULE_LABELS = {"floor": "", "ceil": " ceil", "te": " TE", "three_quarters": " 3/4", "four_over_six": " 4/6"}
+RULE_LABELS = {
+    "floor": "",
+    "ceil": " ceil",
+    "te": " TE",
+    "three_quarters": " 3/4",
+    "four_over_six": " 4/6",
+    "reciprocal": " 1/s",
+}
 FOUR_OVER_SIX_ENCODE = 1536.0  # 6 * 256: Four Over Six's per-tensor encode numerator
 
 
@@ -238,8 +268,9 @@ def te_constants(max_value: float) -> tuple[float, float, float]:
 
 def check_rule(rule: str | None, rounding: str) -> str:
     """`rule`, or the rounding's default where it is None; ``floor`` with stochastic rounding is refused,
-    since saturation makes it biased (see the module); ``te`` and ``four_over_six`` take stochastic rounding
-    as their sources do (biased, see the module), and ``three_quarters`` keeps it unbiased."""
+    since saturation makes it biased (see the module); ``te``, ``four_over_six`` and ``reciprocal`` take
+    stochastic rounding as their sources do (biased, see the module), and ``three_quarters`` keeps it
+    unbiased."""
     if rule is None:
         return default_rule(rounding)
     if rule == "floor" and rounding == "stochastic":

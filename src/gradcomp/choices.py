@@ -29,8 +29,9 @@ NM_MAX_M = 16  # nm_prune: 1 <= n < m <= NM_MAX_M
 # an 8-bit float per block): NVFP4's E4M3, and the E3M4 and unsigned E5M3 (UE5M3) FP4 All the Way compares
 BLOCK_SCALES = ("e8m0fnu", "e4m3fn", "float8_e3m4", "e5m3fnu")
 # quantize_block's scale rules (te: Transformer Engine's NVFP4; three_quarters: floor and Tseng et al.'s 3/4;
-# four_over_six: each NVFP4 block's largest value mapped to 6 or to 4, whichever errs less)
-SCALE_RULES = ("floor", "ceil", "te", "three_quarters", "four_over_six")
+# four_over_six: each NVFP4 block's largest value mapped to 6 or to 4, whichever errs less; reciprocal: FP4
+# All the Way's variant, the block scale's reciprocal rounded to the scale format)
+SCALE_RULES = ("floor", "ceil", "te", "three_quarters", "four_over_six", "reciprocal")
 # Block.signs: the transform's random signs drawn anew at every call (Quartet), once per step for every layer,
 # once for the run (NVIDIA's NVFP4 recipe), or none (the deterministic Walsh-Hadamard matrix)
 SIGN_MODES = ("call", "step", "run", "none")

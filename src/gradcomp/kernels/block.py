@@ -97,6 +97,8 @@ def _block_kernel(
     TENSOR_FLOOR: tl.constexpr,
     EMAX: tl.constexpr,
     CEIL: tl.constexpr,
+    RECIPROCAL: tl.constexpr,
+    RECIPROCAL_CONSTANT: tl.constexpr,
     MAX_MANTISSA: tl.constexpr,
     MAX_VALUE: tl.constexpr,
     DISCARD: tl.constexpr,
@@ -193,15 +195,22 @@ def _block_kernel(
             else:
                 tensor_scale = tl.load(tensor_scale_ptr)
             block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale) * unscale
-            block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
-            if CEIL:
+            if RECIPROCAL:  # the reciprocal clamped and rounded; a zero block's (inf) clamps to SCALE_MAX
+                reciprocal = tl.math.div_rn(tl.zeros_like(block_scale) + RECIPROCAL_CONSTANT, block_scale)
+                reciprocal = _round_magnitude(
+                    tl.minimum(tl.maximum(reciprocal, SCALE_MIN), SCALE_MAX), 0, S_DISCARD, S_TIE_OFFSET,
+                    S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
+                )  # fmt: skip
+                block_scale = tl.math.div_rn(tl.zeros_like(reciprocal) + RECIPROCAL_CONSTANT, reciprocal)
+            elif CEIL:
+                block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
                 block_scale = ((block_scale.to(tl.int32, bitcast=True) + (S_ULP - 1)) & -S_ULP).to(
                     tl.float32, bitcast=True
                 )
             else:
                 block_scale = _round_magnitude(
-                    block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
-                    S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
+                    tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX), 0, S_DISCARD, S_TIE_OFFSET,
+                    S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
                 )  # fmt: skip
             total = tl.math.div_rn(tensor_scale * block_scale, unscale)
             scaled = tl.math.div_rn(magnitude, total)
@@ -349,6 +358,8 @@ def quantize_block_triton(
         TENSOR_FLOOR=fmt.tensor_scale_floor if fmt.per_tensor else 0.0,
         EMAX=element.emax,
         CEIL=fmt.rule == "ceil",
+        RECIPROCAL=fmt.rule == "reciprocal",
+        RECIPROCAL_CONSTANT=fmt.reciprocal_constant if fmt.per_tensor else 0.0,
         MAX_MANTISSA=float_bits(element.max_value, FLOAT32) & 0x7FFFFF,
         MAX_VALUE=element.max_value,
         DISCARD=plan.discard_bits,

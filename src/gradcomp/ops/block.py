@@ -16,7 +16,9 @@ saturating at its largest value, and multiplied back by their scale. Everything 
 * NVFP4 with scale_rule "te": Transformer Engine's operations in its order (`gradcomp.block_format`): no
   lower clamp, so blocks whose scale underflows E4M3 decode to zero;
 * NVFP4 with scale_rule "four_over_six": its authors' operations in their order (`gradcomp.block_format`),
-  both candidates quantized and the one of smaller squared error kept.
+  both candidates quantized and the one of smaller squared error kept;
+* two-level scales with scale_rule "reciprocal": torchao's ratio of each block, its reciprocal C / ratio
+  rounded to the scale format, the block scale s * (C / rounded) (`gradcomp.block_format`).
 
 With `hadamard` = n, each group of n elements of a block is transformed (`gradcomp.ops.hadamard`, signs from
 the seed) before the scales are taken, and the quantized values are transformed back: the result is what a
@@ -74,7 +76,7 @@ def quantize_block(
     axis: int = -1,
     rounding: Rounding = "nearest",
     seed: int | None = None,
-    scale_rule: Literal["floor", "ceil"] | None = None,
+    scale_rule: Literal["floor", "ceil", "te", "three_quarters", "four_over_six", "reciprocal"] | None = None,
     hadamard: int = 0,
     backend: Backend = "auto",
     count_zeros_into: Tensor | None = None,
@@ -86,8 +88,11 @@ def quantize_block(
     element: the element format (e.g. "e4m3fn", "e3m2fn", "e2m1fn"); block_size: a power of two up to 256
     (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX), or a two-level scale: "e4m3fn" (NVFP4), "float8_e3m4" or
     "e5m3fnu" (UE5M3); scale_rule: "floor"
-    (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao), "ceil" (nothing saturates) or "te"
-    (NVFP4 as Transformer Engine casts it; stochastic rounding allowed, biased where blocks saturate), None
+    (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao), "ceil" (nothing saturates), "te"
+    (NVFP4 as Transformer Engine casts it; stochastic rounding allowed, biased where blocks saturate),
+    "three_quarters" (MX, Tseng et al.'s 3/4 prescale), "four_over_six" (NVFP4, each block's largest value
+    mapped to 6 or 4) or "reciprocal" (two-level scales, the block scale's reciprocal rounded: FP4 All the
+    Way's variant; `gradcomp.block_format` defines each), None
     for floor with nearest and ceil with stochastic rounding (floor with stochastic rounding is refused: it
     is biased); rounding: "nearest" (ties to even) or "stochastic" (unbiased: E[out] = x but for the
     saturation at the dtype's range; random bits from seed and position; a fresh seed from torch's
@@ -585,7 +590,7 @@ def _te_scales(
     coefficient and decode factor (float32), in TE's order of operations (`scale_plan`: E4M3's rounding);
     `largest`: the tensor's largest magnitude."""
     encode_max, reciprocal_max, decode_max = fmt.te_constants
-    encode = torch.clamp_max(encode_max / largest, FLOAT32_MAX)
+    encode = torch.clamp_max(_over(encode_max, largest), FLOAT32_MAX)
     encode = torch.where((largest > 0) & (encode > 0), encode, 1.0)
     block_scale = amax * (encode * reciprocal_max)
     block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, scale_plan, FLOAT32)
@@ -606,7 +611,7 @@ def _four_over_six(
     """Four Over Six (`gradcomp.block_format`): (the magnitudes in units of the chosen scale, their rounded
     values, the dequantized magnitudes, the chosen E4M3 scale), each block at whichever of its two scales
     errs less; `largest`: the tensor's largest magnitude."""
-    encode = torch.clamp_max(FOUR_OVER_SIX_ENCODE / largest, FLOAT32_MAX)
+    encode = torch.clamp_max(_over(FOUR_OVER_SIX_ENCODE, largest), FLOAT32_MAX)
     decode = 1.0 / encode
     six = amax / plan.max_value * encode
     candidates = []
@@ -639,6 +644,12 @@ def pairwise_sum(values: Tensor, dim: int) -> Tensor:
     return values
 
 
+def _over(constant: float, tensor: Tensor) -> Tensor:
+    """constant / tensor, one rounded division (torch takes `constant / tensor` as the reciprocal times the
+    constant: two roundings, which the kernels and the oracles do not do)."""
+    return torch.div(torch.full_like(tensor, constant), tensor)
+
+
 def _two_level_scales(
     amax: Tensor, fmt: BlockFormat, scale_plan: RoundingPlan, unscale: Tensor | None, tensor_scale: Tensor
 ) -> Tensor:
@@ -649,11 +660,17 @@ def _two_level_scales(
     block_scale = amax / max_value / tensor_scale
     if unscale is not None:
         block_scale = block_scale * unscale
-    block_scale = torch.clamp(block_scale, *fmt.scale_range)
-    if fmt.rule == "ceil":  # up to the next value of the scale format: clear the low bits, rounding up
+    if fmt.rule == "reciprocal":  # the reciprocal clamped and rounded (a zero block: inf, clamped to S_max)
+        constant = fmt.reciprocal_constant
+        reciprocal = _round(
+            torch.clamp(_over(constant, block_scale), *fmt.scale_range), None, scale_plan, FLOAT32
+        )
+        block_scale = _over(constant, reciprocal)
+    elif fmt.rule == "ceil":  # up to the next value of the scale format: clear the low bits, rounding up
         ulp = fmt.scale_ulp_bits
+        block_scale = torch.clamp(block_scale, *fmt.scale_range)
         block_scale = ((block_scale.view(torch.int32) + ulp - 1) & -ulp).view(torch.float32)
     else:
-        block_scale = _round(block_scale, None, scale_plan, FLOAT32)
+        block_scale = _round(torch.clamp(block_scale, *fmt.scale_range), None, scale_plan, FLOAT32)
     total = tensor_scale * block_scale
     return total if unscale is None else total / unscale

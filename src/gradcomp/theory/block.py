@@ -4,7 +4,8 @@ relative MSE, per scale rule, with and without the Hadamard transform (`gradcomp
 Model (log2 units, as `gradcomp.theory.fp`): |g| iid with log2|g| ~ N(mu2, sigma2^2), random signs; a block
 holds B of them. Its scale X is a function of its largest magnitude M: MX floor 2^(floor(log2 M) - emax),
 MX ceil the least 2^k with M / 2^k <= max_value, NVFP4 s * E4M3(M / max_value / s) with s from the tensor's
-largest magnitude (the median of the largest of `numel` draws). Given M, the other B - 1 magnitudes are iid
+largest magnitude (the median of the largest of `numel` draws), and under the reciprocal rule s * C /
+E4M3(C s max_value / M). Given M, the other B - 1 magnitudes are iid
 and below M, so every statistic is an integral over M (density B f F^(B-1)) of (B - 1) times an expectation
 over the truncated distribution plus M's own term. For a given X those expectations are exact sums of
 partial moments over the rounding cells of the element grid times X (nearest: cells between midpoints, the
@@ -154,20 +155,23 @@ def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -
     """X as a function of the block's largest magnitude M (>0), as `gradcomp.ops.block` computes it."""
     if fmt.from_tensor_max:
         raise ValueError(
-            "the block theory models the floor, ceil and 3/4 scale rules, not TE's (no lower clamp) or Four "
-            "Over Six's (a choice by each block's error)"
+            "the block theory models the floor, ceil, 3/4 and reciprocal scale rules, not TE's (no lower "
+            "clamp) or Four Over Six's (a choice by each block's error)"
         )
     element = fmt.element_format
     if fmt.per_tensor:
         low_scale, high_scale = fmt.scale_range
         tensor_scale = max(tensor_largest / (high_scale * element.max_value), fmt.tensor_scale_floor)
-        ratio = np.clip(largest / element.max_value / tensor_scale, low_scale, high_scale)
+        ratio = largest / element.max_value / tensor_scale
+        constant = fmt.reciprocal_constant if fmt.rule == "reciprocal" else 1.0
+        rounded = np.clip(constant / ratio if fmt.rule == "reciprocal" else ratio, low_scale, high_scale)
         grid = fmt.scale_format.positive_values().numpy()
-        index = np.clip(np.searchsorted(grid, ratio), 1, len(grid) - 1)
+        index = np.clip(np.searchsorted(grid, rounded), 1, len(grid) - 1)
         low, high = grid[index - 1], grid[index]
         if fmt.rule == "ceil":  # rounded up: high is the least grid value >= ratio
-            return tensor_scale * np.where(ratio <= low, low, high)
-        return tensor_scale * np.where(ratio - low < high - ratio, low, high)
+            return tensor_scale * np.where(rounded <= low, low, high)
+        nearest = np.where(rounded - low < high - rounded, low, high)
+        return tensor_scale * (constant / nearest if fmt.rule == "reciprocal" else nearest)
     _, exponent = np.frexp(largest)  # largest = m 2^exponent, m in [0.5, 1)
     k = exponent - 1 - element.emax
     if fmt.rule == "ceil":
