@@ -55,8 +55,10 @@ rule compute:
     params:
         runs=run_arguments,
         folder=lambda wildcards, output: os.path.dirname(output.numbers),
+        # as the training jobs: compiling each layer shape the ops meet once costs more than it saves
+        compile=int(config["cpu_compile"]),
     shell:
-        "python -m gradcomp compute {wildcards.exp} --settings {input.settings} "
+        "GRADCOMP_COMPILE={params.compile} python -m gradcomp compute {wildcards.exp} --settings {input.settings} "
         "--runs {params.runs} --out-dir {params.folder} > {log} 2>&1"
 
 
