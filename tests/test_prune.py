@@ -1,5 +1,6 @@
 import math
 
+import numpy as np
 import pytest
 import torch
 from helpers import lognormal_gradient, same_bits
@@ -165,6 +166,29 @@ def test_triton_prune_is_bit_exact(kernel_device, dtype):
     expected = stochastic_prune(x, alpha, seed=8, backend="torch")
     got = stochastic_prune(x.to(kernel_device), alpha.to(kernel_device), seed=8, backend="triton")
     assert same_bits(got.cpu(), expected)
+
+
+def test_constant_over_divides_once_as_numpy_and_the_kernels_do():
+    from gradcomp._backend import constant_over
+
+    values = torch.cat([torch.rand(10000) * 10 + 0.1, torch.tensor([9e37, 2e38, 3.4e38, 1e-30])])
+    for constant in (2.0**24, 2688.0, 15.0):
+        expected = torch.from_numpy(np.float32(constant) / values.numpy())
+        assert same_bits(constant_over(constant, values), expected)
+    assert (2688.0 / values != constant_over(2688.0, values)).any()  # torch's own reads differently
+
+
+@pytest.mark.parametrize("alpha", [9e37, 2e38, 3.4e38])
+def test_triton_prune_is_bit_exact_for_alpha_near_float32s_largest(kernel_device, alpha):
+    """Pruning thresholds near float32's largest value: the same decisions on both paths (the keep scale 2^24
+    / alpha is one rounded division on both: torch's `2.0**24 / alpha` took a reciprocal first, subnormal
+    above 2^126, `gradcomp._backend.constant_over`)."""
+    x = torch.linspace(-3.3e38, 3.3e38, 4096)
+    for given in (alpha, torch.tensor(alpha)):
+        expected = stochastic_prune(x, given, seed=3, backend="torch")
+        on_device = given.to(kernel_device) if isinstance(given, torch.Tensor) else given
+        got = stochastic_prune(x.to(kernel_device), on_device, seed=3, backend="triton")
+        assert same_bits(got.cpu(), expected)
 
 
 def test_triton_prune_block_size_independent(kernel_device):

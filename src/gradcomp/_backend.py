@@ -20,6 +20,13 @@ Backend = Literal["auto", "torch", "triton"]
 KERNEL_DTYPES = tuple(getattr(torch, name) for name in choices.KERNEL_DTYPES)
 
 
+def constant_over(constant: float, tensor: Tensor) -> Tensor:
+    """constant / tensor in one rounded division, as the kernels divide (torch takes `constant / tensor` as
+    the reciprocal times the constant: two roundings, an ulp apart for about a quarter of float32 values, and
+    a subnormal reciprocal where the tensor exceeds 2^126)."""
+    return torch.div(torch.full_like(tensor, constant), tensor)
+
+
 def interpreter_enabled() -> bool:
     """TRITON_INTERPRET is read when triton.language is first imported; we only read it, never set it."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

@@ -47,7 +47,14 @@ from typing import Literal, NamedTuple
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, CpuCompiledPerLayout, check_float, compute_layout, use_triton
+from gradcomp._backend import (
+    Backend,
+    CpuCompiledPerLayout,
+    check_float,
+    compute_layout,
+    constant_over,
+    use_triton,
+)
 from gradcomp.block_format import (
     FLOAT32_MAX,
     FOUR_OVER_SIX_ENCODE,
@@ -590,7 +597,7 @@ def _te_scales(
     coefficient and decode factor (float32), in TE's order of operations (`scale_plan`: E4M3's rounding);
     `largest`: the tensor's largest magnitude."""
     encode_max, reciprocal_max, decode_max = fmt.te_constants
-    encode = torch.clamp_max(_over(encode_max, largest), FLOAT32_MAX)
+    encode = torch.clamp_max(constant_over(encode_max, largest), FLOAT32_MAX)
     encode = torch.where((largest > 0) & (encode > 0), encode, 1.0)
     block_scale = amax * (encode * reciprocal_max)
     block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, scale_plan, FLOAT32)
@@ -611,7 +618,7 @@ def _four_over_six(
     """Four Over Six (`gradcomp.block_format`): (the magnitudes in units of the chosen scale, their rounded
     values, the dequantized magnitudes, the chosen E4M3 scale), each block at whichever of its two scales
     errs less; `largest`: the tensor's largest magnitude."""
-    encode = torch.clamp_max(_over(FOUR_OVER_SIX_ENCODE, largest), FLOAT32_MAX)
+    encode = torch.clamp_max(constant_over(FOUR_OVER_SIX_ENCODE, largest), FLOAT32_MAX)
     decode = 1.0 / encode
     six = amax / plan.max_value * encode
     candidates = []
@@ -644,12 +651,6 @@ def pairwise_sum(values: Tensor, dim: int) -> Tensor:
     return values
 
 
-def _over(constant: float, tensor: Tensor) -> Tensor:
-    """constant / tensor, one rounded division (torch takes `constant / tensor` as the reciprocal times the
-    constant: two roundings, which the kernels and the oracles do not do)."""
-    return torch.div(torch.full_like(tensor, constant), tensor)
-
-
 def _two_level_scales(
     amax: Tensor, fmt: BlockFormat, scale_plan: RoundingPlan, unscale: Tensor | None, tensor_scale: Tensor
 ) -> Tensor:
@@ -663,9 +664,9 @@ def _two_level_scales(
     if fmt.rule == "reciprocal":  # the reciprocal clamped and rounded (a zero block: inf, clamped to S_max)
         constant = fmt.reciprocal_constant
         reciprocal = _round(
-            torch.clamp(_over(constant, block_scale), *fmt.scale_range), None, scale_plan, FLOAT32
+            torch.clamp(constant_over(constant, block_scale), *fmt.scale_range), None, scale_plan, FLOAT32
         )
-        block_scale = _over(constant, reciprocal)
+        block_scale = constant_over(constant, reciprocal)
     elif fmt.rule == "ceil":  # up to the next value of the scale format: clear the low bits, rounding up
         ulp = fmt.scale_ulp_bits
         block_scale = torch.clamp(block_scale, *fmt.scale_range)

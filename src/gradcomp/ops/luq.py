@@ -18,7 +18,7 @@ import math
 import torch
 from torch import Tensor
 
-from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
+from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, constant_over, use_triton
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.prune import alpha_in_compute_dtype
 from gradcomp.ops.stats import add_zero_count, check_counter
@@ -81,7 +81,7 @@ def quantize_luq(
     largest = _largest(x)
     alpha = _alpha(largest, bits, x.dtype)
     prune_alpha = alpha_in_compute_dtype(alpha, x)  # stochastic_prune's rule: 0 where 2^24 / alpha overflows
-    keep_scale = torch.nextafter(2.0**24 / prune_alpha, prune_alpha.new_tensor(math.inf))
+    keep_scale = torch.nextafter(constant_over(2.0**24, prune_alpha), prune_alpha.new_tensor(math.inf))
     spread_from, spread_scale = smp_spread(samples, dtype)
     sum_scale = torch.where(largest >= spread_from, largest.new_tensor(spread_scale), 1.0)
     total = torch.zeros(x.shape, dtype=dtype, device=x.device)

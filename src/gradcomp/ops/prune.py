@@ -17,7 +17,15 @@ import torch
 from torch import Tensor
 
 from gradcomp import lognormal
-from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, triton_available, use_triton
+from gradcomp._backend import (
+    Backend,
+    CpuCompiled,
+    check_float,
+    compute_layout,
+    constant_over,
+    triton_available,
+    use_triton,
+)
 from gradcomp.choices import BACKENDS, choose
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.stats import Rule, add_zero_count, check_counter, fit_statistics, usable_threshold
@@ -64,7 +72,7 @@ def stochastic_prune(
         return stochastic_prune_triton(x, number, float(keep_scale), seed, count_zeros_into)
     alpha_t = alpha_in_compute_dtype(alpha, x) if number is None else _number_tensor(number, x)
     # rounded up, so that |x| >= alpha gives |x| * keep_scale >= 2^24 > every 24-bit draw: kept as is
-    keep_scale = torch.nextafter(2.0**24 / alpha_t, alpha_t.new_tensor(math.inf))
+    keep_scale = torch.nextafter(constant_over(2.0**24, alpha_t), alpha_t.new_tensor(math.inf))
 
     def prune_chunk(chunk: Tensor, offset: int) -> Tensor:
         counter = chunk_counter(seed, chunk.numel(), x.device, offset)
