@@ -202,16 +202,17 @@ def _block_kernel(
                     S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
                 )  # fmt: skip
                 block_scale = tl.math.div_rn(tl.zeros_like(reciprocal) + RECIPROCAL_CONSTANT, reciprocal)
-            elif CEIL:
-                block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
-                block_scale = ((block_scale.to(tl.int32, bitcast=True) + (S_ULP - 1)) & -S_ULP).to(
-                    tl.float32, bitcast=True
-                )
             else:
-                block_scale = _round_magnitude(
-                    tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX), 0, S_DISCARD, S_TIE_OFFSET,
-                    S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
-                )  # fmt: skip
+                block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
+                if CEIL:
+                    block_scale = ((block_scale.to(tl.int32, bitcast=True) + (S_ULP - 1)) & -S_ULP).to(
+                        tl.float32, bitcast=True
+                    )
+                else:
+                    block_scale = _round_magnitude(
+                        block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
+                        S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
+                    )  # fmt: skip
             total = tl.math.div_rn(tensor_scale * block_scale, unscale)
             scaled = tl.math.div_rn(magnitude, total)
         else:

@@ -667,11 +667,12 @@ def _two_level_scales(
             torch.clamp(constant_over(constant, block_scale), *fmt.scale_range), None, scale_plan, FLOAT32
         )
         block_scale = constant_over(constant, reciprocal)
-    elif fmt.rule == "ceil":  # up to the next value of the scale format: clear the low bits, rounding up
-        ulp = fmt.scale_ulp_bits
-        block_scale = torch.clamp(block_scale, *fmt.scale_range)
-        block_scale = ((block_scale.view(torch.int32) + ulp - 1) & -ulp).view(torch.float32)
     else:
-        block_scale = _round(torch.clamp(block_scale, *fmt.scale_range), None, scale_plan, FLOAT32)
+        block_scale = torch.clamp(block_scale, *fmt.scale_range)
+        if fmt.rule == "ceil":  # up to the next value of the scale format: clear the low bits, rounding up
+            ulp = fmt.scale_ulp_bits
+            block_scale = ((block_scale.view(torch.int32) + ulp - 1) & -ulp).view(torch.float32)
+        else:
+            block_scale = _round(block_scale, None, scale_plan, FLOAT32)
     total = tensor_scale * block_scale
     return total if unscale is None else total / unscale

@@ -163,15 +163,15 @@ def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -
         low_scale, high_scale = fmt.scale_range
         tensor_scale = max(tensor_largest / (high_scale * element.max_value), fmt.tensor_scale_floor)
         ratio = largest / element.max_value / tensor_scale
-        constant = fmt.reciprocal_constant if fmt.rule == "reciprocal" else 1.0
-        rounded = np.clip(constant / ratio if fmt.rule == "reciprocal" else ratio, low_scale, high_scale)
+        reciprocal, constant = fmt.rule == "reciprocal", fmt.reciprocal_constant
+        value = np.clip(constant / ratio if reciprocal else ratio, low_scale, high_scale)  # what is rounded
         grid = fmt.scale_format.positive_values().numpy()
-        index = np.clip(np.searchsorted(grid, rounded), 1, len(grid) - 1)
+        index = np.clip(np.searchsorted(grid, value), 1, len(grid) - 1)
         low, high = grid[index - 1], grid[index]
-        if fmt.rule == "ceil":  # rounded up: high is the least grid value >= ratio
-            return tensor_scale * np.where(rounded <= low, low, high)
-        nearest = np.where(rounded - low < high - rounded, low, high)
-        return tensor_scale * (constant / nearest if fmt.rule == "reciprocal" else nearest)
+        if fmt.rule == "ceil":  # rounded up: high is the least grid value >= value
+            return tensor_scale * np.where(value <= low, low, high)
+        nearest = np.where(value - low < high - value, low, high)
+        return tensor_scale * (constant / nearest if reciprocal else nearest)
     _, exponent = np.frexp(largest)  # largest = m 2^exponent, m in [0.5, 1)
     k = exponent - 1 - element.emax
     if fmt.rule == "ceil":
