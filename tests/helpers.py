@@ -140,3 +140,19 @@ def kernel_property(max_examples: int):
         derandomize=True,
         suppress_health_check=[HealthCheck.function_scoped_fixture],
     )
+
+
+def hooks_and_wrappers(model: torch.nn.Module) -> dict:
+    """Every hook and wrapper attach could leave on a model: each module's hook dicts and an instance
+    forward, each parameter's gradient hooks, as (name, kind) -> the ids of what is registered."""
+    found = {}
+    for name, module in model.named_modules():
+        for kind, value in vars(module).items():
+            if kind.startswith("_") and kind.endswith("hooks") and isinstance(value, dict):
+                found[name, kind] = tuple((key, id(hook)) for key, hook in value.items())
+        found[name, "forward"] = id(vars(module).get("forward"))
+    for name, parameter in model.named_parameters():
+        for kind in ("_backward_hooks", "_post_accumulate_grad_hooks"):
+            hooks = getattr(parameter, kind, None) or {}
+            found[name, kind] = tuple((key, id(hook)) for key, hook in hooks.items())
+    return found

@@ -8,6 +8,7 @@ import warnings
 import numpy as np
 import pytest
 import torch
+from helpers import hooks_and_wrappers
 from torch import nn
 
 from gradcomp.attachment import attach
@@ -15,6 +16,7 @@ from gradcomp.choices import choose, integer, typed
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.models import create_model
+from gradcomp.noise_monitor import NoiseMonitor
 from gradcomp.policies import NM, Luq, parse_policy
 from gradcomp.rng import resolve_seed
 
@@ -139,3 +141,94 @@ def test_the_choices_are_one_torch_free_module_with_one_message_form():
     assert Luq(bits=np.int64(4)).describe() == "luq:bits=4,samples=1"
     with pytest.raises(ValueError, match=r"^int: scheme must be one of 'ptq', 'psq', 'bhq', got 'pts'$"):
         parse_policy("int:scheme=pts")
+
+
+@pytest.mark.parametrize(
+    ("config", "message"),
+    [
+        ({"layer_types": ("bn",), "placement": "input", "noise_every": 2}, "placement='output'"),
+        ({"layer_types": ("conv", "linear"), "keep_last": 2}, "keeps every one of the 2"),
+        ({"layer_types": ("conv", "linear"), "noise_every": 1, "keep_worst": 2}, "keeps every one"),
+        ({"include": ("nothing*",)}, "no layer of types"),
+    ],
+)
+def test_a_refused_attach_leaves_the_model_as_it_was(config, message):
+    """Everything is checked before the first hook goes on (noise_every with the input placement left the
+    model's step hook behind)."""
+    model = nn.Sequential(nn.Conv2d(3, 8, 3), nn.BatchNorm2d(8), nn.Flatten(), nn.Linear(8 * 6 * 6, 4))
+    before = hooks_and_wrappers(model)
+    with pytest.raises(ValueError, match=message):
+        attach(model, CompressionConfig("prune:sparsity=0.5", **config))
+    assert hooks_and_wrappers(model) == before
+    attach(model, "prune:sparsity=0.5").detach()  # and nothing holds its layers
+
+
+@pytest.mark.parametrize("policy", ["prune:sparsity=0.5", "int:bits=4"])
+def test_an_attach_that_fails_while_installing_undoes_what_it_installed(monkeypatch, policy):
+    """A failure after some hooks and wrappers are on (here the second layer's noise hooks) removes them."""
+    model = _model()
+    before = hooks_and_wrappers(model)
+    watch = NoiseMonitor.watch
+    calls = []
+
+    def fail_at_the_second_layer(self, *args):
+        calls.append(args)
+        if len(calls) == 2:
+            raise RuntimeError("injected")
+        return watch(self, *args)
+
+    monkeypatch.setattr(NoiseMonitor, "watch", fail_at_the_second_layer)
+    config = CompressionConfig(policy, layer_types=("conv", "linear"), noise_every=1)
+    with pytest.raises(RuntimeError, match="injected"):
+        attach(model, config)
+    assert hooks_and_wrappers(model) == before
+    monkeypatch.undo()
+    attach(model, config).detach()  # nothing holds its layers
+
+
+def test_a_frozen_layer_is_compressed_without_a_noise_ratio():
+    """A layer whose weight takes no gradient has no weight-gradient noise: it is not monitored (the noise
+    ratio's hook on its weight failed part-way through attach with a raw torch error)."""
+    model = _model()
+    model[3].requires_grad_(False)
+    config = CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), noise_every=1)
+    with attach(model, config) as handle:
+        model(torch.randn(2, 3, 8, 8)).square().sum().backward()
+        assert [row["layer"] for row in handle.noise_ratios()] == ["0"]
+        assert handle.layer_summary()["3"]["elements"] == 8  # still compressed
+    deeper = nn.Sequential(*model, nn.ReLU(), nn.Linear(4, 4))
+    deeper[0].requires_grad_(False)
+    config = CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), noise_every=1, keep_worst=2)
+    with pytest.raises(ValueError, match="keep_worst=2 ranks layers by their noise ratio, and 1 of"):
+        attach(deeper, config)  # two of the three layers are frozen
+
+
+@pytest.mark.parametrize(
+    ("keys", "message"),
+    [
+        ({"fallback": "fp:format=e4m3"}, "acts only on layers that switch"),
+        ({"guard_patience": 3}, "guard_patience counts"),
+        ({"guard_patience": 3, "switch_step": 5}, "guard_patience counts"),
+        ({"guard_on": "carried", "noise_every": 2}, "guard_on says"),
+        ({"guard": 1.7, "noise_every": 2, "guard_on": "measured"}, "needs measure_noise"),
+        ({"guard": 1.7, "noise_every": 2, "guard_on": "exact"}, "guard_on must be one of"),
+    ],
+)
+def test_keys_that_would_do_nothing_are_refused(keys, message):
+    with pytest.raises(ValueError, match=message):
+        CompressionConfig("fp:format=e2m1", **keys)
+
+
+@pytest.mark.parametrize(
+    ("spec", "message"),
+    [
+        ("prune:sparsity=0.8,sparsity=0.9", "gives sparsity twice"),
+        ("mxfp4:signs=run", "signs=run sets the signs"),
+        ("nvfp4:weight_signs=run", "weight_signs=run sets"),
+        ("nvidia_nvfp4:signs=step", "signs=step sets the signs"),  # its input copy has no transform
+    ],
+)
+def test_policy_keys_that_would_do_nothing_or_twice_are_refused(spec, message):
+    with pytest.raises(ValueError, match=message):
+        parse_policy(spec)
+    assert parse_policy("nvidia_nvfp4:weight_signs=step").copy(True).signs == "step"

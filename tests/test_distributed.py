@@ -110,3 +110,73 @@ def test_two_ranks_stay_identical_and_resume_exactly(tmp_path):
     ) == 2  # rank 0 alone logs
     final, expected = _weights(tmp_path / "resumed"), _weights(tmp_path / "reference")
     assert all(torch.equal(final[name], expected[name]) for name in expected)
+
+
+def _guard_worker(rank: int, port: int, folder: str) -> None:
+    """One rank of a DistributedDataParallel model whose ranks see different data: a run that only records
+    each rank's noise ratios, then one with a guard between the two ranks' ratios of one layer."""
+    import torch.nn as nn
+
+    from gradcomp import CompressionConfig, attach
+
+    os.environ.update(
+        RANK=str(rank), WORLD_SIZE=str(WORLD_SIZE), MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port)
+    )
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo")
+
+    def run(**keys):
+        torch.manual_seed(0)
+        model = nn.Sequential(
+            nn.Conv2d(3, 8, 3, padding=1), nn.ReLU(), nn.Conv2d(8, 8, 3, padding=1), nn.Flatten(),
+            nn.Linear(8 * 64, 10),
+        )  # fmt: skip
+        config = CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), noise_every=1, **keys)
+        handle = attach(model, config, seed=rank)
+        net = nn.parallel.DistributedDataParallel(model)
+        generator = torch.Generator().manual_seed(100 + rank)  # each rank its own shard
+        for _ in range(2):  # step 1 begins with the guard's reading of step 0
+            images = torch.randn(16, 3, 8, 8, generator=generator) * (1 + 3 * rank)
+            net.zero_grad()
+            nn.functional.cross_entropy(net(images), torch.arange(16) % 10).backward()
+        return handle
+
+    rows = run().noise_ratios()
+    first = {row["layer"]: row["carried_ratio"] for row in rows if row["step"] == 0}
+    extremes = {}
+    for op in (dist.ReduceOp.MIN, dist.ReduceOp.MAX):
+        values = torch.tensor(list(first.values()), dtype=torch.float64)
+        dist.all_reduce(values, op=op)
+        extremes[op] = dict(zip(first, values.tolist(), strict=True))
+    smallest, largest = extremes[dist.ReduceOp.MIN], extremes[dist.ReduceOp.MAX]
+    # a guard between the ranks' ratios of the layer where they differ most: alone, the ranks disagree
+    layer = max(first, key=lambda name: largest[name] / smallest[name])
+    guard = math.sqrt(largest[layer] * smallest[layer])
+    handle = run(guard=guard, guard_patience=1)
+    result = {
+        "switched": handle.switch_report()["switched"],
+        "expected": {name: 0 for name in first if smallest[name] < guard},
+        "alone": {name: 0 for name in first if first[name] < guard},
+        "summary": {name: layer.get("switched_at") for name, layer in handle.layer_summary().items()},
+    }
+    with open(os.path.join(folder, f"guard{rank}.json"), "w") as handle_file:
+        json.dump(result, handle_file)
+    dist.destroy_process_group()
+
+
+def test_the_guard_decides_once_for_every_rank(tmp_path):
+    """Under torch.distributed each layer's guard reads the smallest R of all ranks (one all-reduce per
+    noise step): every rank switches the same layers (each rank's guard used to decide alone, so ranks
+    compressed different layers and the summary reported rank 0's switches)."""
+    processes = mp.spawn(_guard_worker, args=(free_ports(1)[0], str(tmp_path)), nprocs=WORLD_SIZE, join=False)
+    deadline = time.monotonic() + 120
+    while not processes.join(timeout=1):
+        if time.monotonic() > deadline:
+            for process in processes.processes:
+                process.kill()
+            pytest.fail("the ranks hung: a collective that not every rank reached")
+    ranks = [json.loads((tmp_path / f"guard{r}.json").read_text()) for r in range(WORLD_SIZE)]
+    assert ranks[0]["alone"] != ranks[1]["alone"]  # the test's guard splits the ranks
+    for result in ranks:
+        assert result["switched"] == result["expected"] == ranks[0]["switched"]
+        assert {name: at for name, at in result["summary"].items() if at is not None} == result["switched"]

@@ -135,3 +135,35 @@ def test_non_finite_steps_are_skipped_and_training_goes_on(tmp_path, monkeypatch
     model = torch.load(run_dir / "checkpoint.pt", weights_only=False)["model"]
     assert all(torch.isfinite(value).all() for value in model.values() if value.is_floating_point())
     assert summary["final_test_accuracy"] > 0.2  # a working model (ten classes)
+
+
+def test_a_skipped_step_counts_in_no_epoch_figure(tmp_path, monkeypatch):
+    """A step with an Inf input (its loss and every gradient not finite) is skipped: the epoch's train_loss
+    and train_accuracy are those of the other steps, and its compressed gradients (all NaN) take no part in
+    the gradient sparsity (pruning to 0.8: each trained step's about 0.8; counting the skipped one's
+    elements as non-zeros drew the epoch's to about 0.64)."""
+    create_model = train_module.create_model
+    forwards = [0]
+
+    def faulty_model(*args, **kwargs):
+        model = create_model(*args, **kwargs)
+
+        def poison_input(module, inputs):
+            forwards[0] += module.training
+            return (inputs[0] * math.inf,) if module.training and forwards[0] == 3 else None
+
+        model.register_forward_pre_hook(poison_input)
+        return model
+
+    monkeypatch.setattr(train_module, "create_model", faulty_model)
+    options = {"epochs": 1, "log_every": 1, "policy": "prune:sparsity=0.8", "layer_types": ["conv"]}
+    summary, run_dir = train_run(tmp_path, "skipped", **options)
+    assert summary["skipped_steps"] == 1
+    metrics = read_metrics(run_dir)
+    losses = [m["loss"] for m in metrics if m["kind"] == "step"]
+    assert len(losses) == 5 and not math.isfinite(losses[2])
+    (epoch,) = [m for m in metrics if m["kind"] == "epoch"]
+    trained = [loss for loss in losses if math.isfinite(loss)]
+    assert epoch["train_loss"] == pytest.approx(sum(trained) / len(trained), rel=1e-9)
+    assert 0.75 < epoch["gradient_sparsity"] < 0.85
+    assert summary["gradient_sparsity"] == epoch["gradient_sparsity"]

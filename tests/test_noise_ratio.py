@@ -258,23 +258,30 @@ def test_bad_noise_and_guard_settings_are_refused(keys, message):
 
 
 def test_the_noise_ratio_needs_the_output_placement():
-    config = CompressionConfig("prune:sparsity=0.5", layer_types=("bn",), placement="input", noise_every=2)
     with pytest.raises(ValueError, match="placement='output'"):
-        attach(_net(), config)
+        CompressionConfig("prune:sparsity=0.5", layer_types=("bn",), placement="input", noise_every=2)
 
 
 def test_the_guard_state_survives_a_checkpoint():
-    model = _net()
+    """A checkpoint after a noise step holds its record and the guard's pending reading of it: the resumed
+    attachment switches as the uninterrupted one does when the next step begins."""
     config = CompressionConfig("fp:format=e2m1", noise_every=1, guard=1e9, guard_patience=1)
-    handle = attach(model, config)
-    _step(model)
-    state = handle.state_dict()
-    handle.detach()
-    again = attach(model, config)
-    again.load_state_dict(state)
-    assert again.switch_report()["switched"] == handle.switch_report()["switched"] == {"0": 0, "3": 0}
-    assert [layer.policy for layer in again.layers] == [parse_policy("none")] * 2
-    assert again.noise_ratios() == handle.noise_ratios()
+    reports = []
+    for resumed in (False, True):
+        model = _net()
+        handle = attach(model, config)
+        _step(model)
+        if resumed:
+            state = handle.state_dict()
+            handle.detach()
+            handle = attach(model, config)
+            handle.load_state_dict(state)
+        _step(model, 1)
+        reports.append((handle.switch_report(), handle.noise_ratios()))
+        assert [layer.policy for layer in handle.layers] == [parse_policy("none")] * 2
+        handle.detach()
+    assert reports[0] == reports[1]
+    assert reports[0][0]["switched"] == {"0": 0, "3": 0}
 
 
 def test_switch_step_switches_every_layer_from_that_step():
@@ -376,3 +383,150 @@ def test_the_theory_error_is_spread_over_groups_by_energy_or_by_elements_for_int
     by_elements = error_by_group(integer, 2.0, g, 2, 1)
     torch.testing.assert_close(by_elements, torch.tensor([1.0, 1.0], dtype=torch.float64))
     assert error_by_group(fp, 1.0, torch.zeros(2, 4), 1, -1).tolist() == [0.0]
+
+
+def _train(model: nn.Module, handle, steps: int, hook=None) -> list:
+    """`steps` plain steps (SGD), with `hook` as a step hook; returns what the handle records."""
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.05)
+    if hook is not None:
+        handle.add_step_hook(hook)
+    for step in range(steps):
+        _step(model, step)
+        optimizer.step()
+    return [handle.noise_ratios(), handle.switch_report(), handle.layer_summary()]
+
+
+def _read_everything(handle, step):
+    """A step hook that reads every handle method (the README's place for logging and checkpoints)."""
+    handle.noise_ratios()
+    handle.switch_report()
+    handle.layer_summary()
+    handle.sparsity()
+    handle.load_state_dict(handle.state_dict())
+
+
+@pytest.mark.parametrize(
+    "keys", [{"guard": 1e9, "guard_patience": 1}, {"keep_worst": 1}, {"guard": 3.0, "keep_worst": 1}]
+)
+def test_reading_the_records_in_a_step_hook_changes_nothing(keys):
+    """A noise step is measured, recorded and acted on whenever its records are read: reading them (and a
+    state_dict round trip) as each step begins gives the run without the hook, bit for bit (it used to end
+    the noise step before its forward pass: no rows, no switch, keep_worst picking nothing)."""
+    config = CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), noise_every=2, **keys)
+    runs = []
+    for hook in (None, _read_everything):
+        model = _net()
+        runs.append((_train(model, attach(model, config), 6, hook), [p.detach() for p in model.parameters()]))
+    (records, weights), (hooked, hooked_weights) = runs
+    assert hooked == records
+    assert [row["step"] for row in records[0]] == [0] * 3 + [2] * 3 + [4] * 3
+    assert records[1]["switched"]  # the guard (or keep_worst) acted
+    for ours, theirs in zip(weights, hooked_weights, strict=True):
+        assert torch.equal(ours, theirs)
+
+
+def test_accumulated_micro_batches_each_measure_their_own_weight_gradient():
+    """Four micro-batches per optimizer step, each a step of the attachment: a noise step reads the weight
+    gradient its own backward pass adds (it read the accumulated .grad, whose energy grows with the
+    micro-batch's index), as in a loop that zeroes the gradients before each micro-batch."""
+    config = CompressionConfig(
+        "fp:format=e2m1", layer_types=("conv", "linear"), noise_every=1, measure_noise=True
+    )
+    records = []
+    for accumulate in (True, False):
+        model = _net()
+        handle = attach(model, config)
+        for micro in range(4):
+            if not accumulate:
+                model.zero_grad(set_to_none=True)
+            images, labels = _batch(micro)
+            nn.functional.cross_entropy(model(images), labels).backward()
+        records.append(handle.noise_ratios())
+    accumulated, separate = records
+    assert accumulated == separate
+    for row in accumulated:  # ||g + e||^2 of this micro-batch's own g and e (measured apart)
+        signal, noise = row["measured_signal"], row["measured_noise"]
+        assert abs(row["compressed_signal"] - signal - noise) <= 2 * math.sqrt(signal * noise) * (1 + 1e-6)
+
+
+def test_the_guard_reads_the_ratio_guard_on_names():
+    """With measure_noise the guard reads the measured R unless told otherwise (the carried prediction
+    overstates R for nearest rounding, whose error is correlated with the gradient); each choice switches
+    the layers whose own R is below the guard."""
+    model = _net()
+    config = CompressionConfig(
+        "fp:format=e2m1", layer_types=("conv", "linear"), noise_every=1, measure_noise=True
+    )
+    handle = attach(model, config)
+    _step(model)
+    rows = handle.noise_ratios()
+    assert CompressionConfig("fp", noise_every=1, measure_noise=True, guard=1.7).guard_on == "measured"
+    assert CompressionConfig("fp", noise_every=1, guard=1.7).guard_on == "carried"
+    guard = math.sqrt(min(row["measured_ratio"] for row in rows) * max(row["measured_ratio"] for row in rows))
+    for kind in ("measured", "carried", "theory"):
+        keys = {"guard": guard, "guard_patience": 1, "guard_on": kind}
+        model = _net()
+        handle = attach(model, CompressionConfig(**{**config.to_dict(), **keys}))
+        _step(model)
+        _step(model, 1)
+        below = {row["layer"]: 0 for row in rows if row[f"{kind}_ratio"] < guard}
+        assert handle.switch_report()["switched"] == below, kind
+
+
+def test_keep_last_beyond_the_layers_is_refused_and_the_rest_keep_their_count():
+    """keep_last=k on a model with fewer than k selected layers kept one layer (the slice wrapped around)."""
+    for k in (3, 4):
+        with pytest.raises(ValueError, match=f"keep_last={k} keeps every one of the 3 selected layers"):
+            attach(_net(), CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), keep_last=k))
+    handle = attach(_net(), CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), keep_last=2))
+    assert handle.switch_report()["switched"] == {"3": 0, "6": 0}
+
+
+def test_switch_step_zero_switches_every_layer_and_says_so():
+    """switch_step=0 (a falsy 0, taken as unset) switched every layer while the records showed no switch,
+    the policy's format, and skipped the fallback's checks."""
+    config = CompressionConfig("fp:format=e2m1", layer_types=("conv", "linear"), switch_step=0)
+    assert config.switching == ["switch_step"]
+    with pytest.raises(ValueError, match="one-stream fallback"):
+        CompressionConfig("fp:format=e2m1", switch_step=0, fallback="int:bits=8")
+    model = _net()
+    handle = attach(model, config)
+    _step(model)
+    assert handle.switch_report()["switched"] == {"0": 0, "3": 0, "6": 0}
+    assert handle.switch_report()["fallback_share"] == 1
+    for layer in handle.layer_summary().values():
+        assert layer["switched_at"] == 0 and "format" not in layer  # the fallback (none) ran, not FP4
+
+
+def test_layer_summary_marks_switched_layers_and_reports_what_they_run():
+    model = _net()
+    config = CompressionConfig(
+        "fp:format=e2m1", layer_types=("conv", "linear"), keep_last=1, fallback="fp:format=e4m3"
+    )
+    handle = attach(model, config)
+    _step(model)
+    summary = handle.layer_summary()
+    assert [layer["switched_at"] for layer in summary.values()] == [None, None, 0]
+    assert [layer["format"] for layer in summary.values()] == ["e2m1", "e2m1", "e4m3"]
+
+
+def test_a_discarded_step_leaves_the_counts_and_the_noise_records():
+    """A step whose update is skipped (its loss NaN: every gradient NaN, as GradScaler and `gradcomp train`
+    skip them) and discarded leaves sparsity(), layer_summary() and the noise records as if it had not
+    run (its NaN elements counted as non-zeros drew pruning's sparsity from 0.8 toward 0.53)."""
+    model = _net()
+    handle = attach(model, CompressionConfig("prune:sparsity=0.8", noise_every=1, guard=1e-9))
+    for step in range(3):
+        images, labels = _batch(step)
+        model.zero_grad(set_to_none=True)
+        loss = nn.functional.cross_entropy(model(images), labels)
+        (loss * (math.nan if step == 1 else 1.0)).backward()
+        if step == 1:
+            handle.discard_step()
+    elements = 2 * 16 * 8 * 8 * 8  # two steps of the first convolution's (16, 8, 8, 8) output
+    assert handle.layer_summary()["0"]["elements"] == elements
+    assert 0.75 < handle.sparsity() < 0.85
+    rows = handle.noise_ratios()
+    assert [row["step"] for row in rows] == [0, 0, 2, 2] and all(
+        math.isfinite(r["carried_ratio"]) for r in rows
+    )

@@ -55,7 +55,7 @@ from gradcomp.compress import (
     plan,
 )
 from gradcomp.config import CompressionConfig
-from gradcomp.noise_monitor import GUARDED, NoiseMonitor
+from gradcomp.noise_monitor import NoiseMonitor, monitorable
 from gradcomp.policies import Chain, Policy
 from gradcomp.rng import mix32, resolve_seed
 
@@ -95,6 +95,37 @@ class LayerState:
     trained: list[int] = field(default_factory=lambda: [0, 0])  # elements under the policy, the fallback
 
 
+@dataclass
+class _Tallies:
+    """The counts of every layer as a step began, so that `Attachment.discard_step` can take the step's
+    share out again: the device counters in one stacked copy (one launch, no sync) and the host counts."""
+
+    counters: Tensor | None
+    present: list[tuple[bool, bool]]  # per layer: whether its zero and attainable counters existed
+    host: list[tuple[int, int, int, int]]  # per layer: numel, attainable_numel, trained (policy, fallback)
+
+    @classmethod
+    def of(cls, layers: list[LayerState]) -> _Tallies:
+        tensors = [t for layer in layers for t in (layer.zeros, layer.attainable) if t is not None]
+        return cls(
+            torch.stack(tensors) if tensors else None,
+            [(layer.zeros is not None, layer.attainable is not None) for layer in layers],
+            [(layer.numel, layer.attainable_numel, *layer.trained) for layer in layers],
+        )
+
+    def restore(self, layers: list[LayerState]) -> None:
+        """The counts of `sparsity`, `layer_summary` and `switch_report` as they were (the zero counter
+        itself keeps counting, as pruning's calibration reads it: the step's zeros join `counted_before`)."""
+        start = iter(() if self.counters is None else self.counters.unbind())
+        for layer, (zeros, attainable), host in zip(layers, self.present, self.host, strict=True):
+            zeros_then = next(start) if zeros else 0
+            layer.attainable = next(start).clone() if attainable else None
+            if layer.zeros is not None:
+                added = layer.zeros - zeros_then
+                layer.counted_before = added if layer.counted_before is None else layer.counted_before + added
+            layer.numel, layer.attainable_numel, *layer.trained = host
+
+
 class Attachment:
     """Handle returned by `attach`: counts steps and refreshes statistics on the schedule, reports them
     (`sparsity`, `layer_summary`), calls step hooks, and detaches (`detach`, or leaving a `with` block)."""
@@ -112,6 +143,7 @@ class Attachment:
         self._step_hooks: list[StepHook] = []
         self._warned: set[str] = set()
         self._undo: list[Callable[[], None]] = []
+        self._step_start: _Tallies | None = None  # the counts as the step began (`discard_step`)
         self.noise = NoiseMonitor(config) if config.noise_every is not None else None
 
     def __enter__(self) -> Attachment:
@@ -158,7 +190,12 @@ class Attachment:
             or (isinstance(refresh, int) and step % refresh == 0)
         )
         self._refit_unfitted(due)
-        self._finish_noise()
+        if self.noise is not None:  # the last noise step to the host, and the guard's reading of it
+            self.noise.record()
+            noise_step = self.noise.undecided
+            compressed = {layer.index for layer in self.layers if layer.policy is None}
+            for index in self.noise.decide(compressed):
+                self._switch(self.layers[index], noise_step)
         if self.config.switch_step is not None and step >= self.config.switch_step:
             for layer in self.layers:
                 self._switch(layer, step)
@@ -169,32 +206,25 @@ class Attachment:
         for layer in self.layers:
             layer.refresh = layer.refresh or due
             layer.backwards = 0
+        self._step_start = _Tallies.of(self.layers)
         for hook in list(self._step_hooks):
             hook(self, step)
 
-    def _finish_noise(self) -> None:
-        """The last noise step's ratios to the host; layers the guard switched compress with the fallback."""
-        if self.noise is None:
-            return
-        step = self.noise.pending
-        for index in self.noise.finish():
-            self._switch(self.layers[index], step)
-        if self.config.keep_worst and step is not None and step == self._first_noise_step:
-            rows = [row for row in self.noise.history if row["step"] == step]
-            ratios = {row["layer"]: row[f"{GUARDED}_ratio"] for row in rows}
-            ranked = sorted(
-                (ratios[layer.name], layer.index)
-                for layer in self.layers
-                if ratios.get(layer.name) is not None
-            )
-            for _, index in ranked[: self.config.keep_worst]:
-                self._switch(self.layers[index], step)
+    def _record_noise(self) -> None:
+        """A noise step whose backward pass has run, to the host (reports read it; nothing is decided here,
+        so reading never changes what the guard does, on this rank or any other)."""
+        if self.noise is not None and self._backward:
+            self.noise.record()
 
-    @property
-    def _first_noise_step(self) -> int:
-        """The first step whose noise ratio is taken: keep_worst's choice is made on it."""
-        every, warmup = self.config.noise_every or 1, self.config.warmup_steps
-        return -(-warmup // every) * every
+    def discard_step(self) -> None:
+        """Leave the current step out of the records: call it when a step's update is not applied (e.g. a
+        loss or gradient that is not finite, as `gradcomp train` and GradScaler skip them). Its compressed
+        elements leave the counts of `sparsity`, `layer_summary` and `switch_report`, and a noise step's
+        values are dropped; statistics it fitted that are not finite are fitted again at the next step."""
+        if self._step_start is not None:
+            self._step_start.restore(self.layers)
+        if self.noise is not None and self.noise.pending == self.step:
+            self.noise.discard()
 
     def _switch(self, layer: LayerState, step: int) -> None:
         if layer.policy is None:
@@ -350,6 +380,8 @@ class Attachment:
         for layer in self.layers:
             layer.counted_before = None if layer.zeros is None else layer.zeros.clone()
             layer.numel, layer.attainable, layer.attainable_numel = 0, None, 0
+        if self._step_start is not None:  # a step discarded later takes out what it added since
+            self._step_start = _Tallies.of(self.layers)
 
     def _counts(self, total: Reduce | None) -> list[tuple[float, float, float, float]]:
         """(zeros, elements) of every layer's compressed gradients since the last reset, then the zeros
@@ -383,19 +415,22 @@ class Attachment:
         FP member's mu and sigma after pruning)."""
         summary = {}
         for layer, (zeros, numel, own, counted) in zip(self.layers, self._counts(total), strict=True):
+            policy = layer.policy or self.policy
             counts = {"sparsity": zeros / numel if numel else None, "elements": int(numel)}
             if self.policy.reports_attainable:
                 counts["attainable"] = own / counted if counted else None
-            if isinstance(self.policy, Chain):
-                parts = layer.stats.parts or [LayerStats() for _ in self.policy.policies]
+            if self.config.switching:
+                counts["switched_at"] = layer.switched_at
+            if isinstance(policy, Chain):
+                parts = layer.stats.parts or [LayerStats() for _ in policy.policies]
                 members = [
                     {"policy": member.describe(), **_statistics(member, part)}
-                    for member, part in zip(self.policy.policies, parts, strict=True)
+                    for member, part in zip(policy.policies, parts, strict=True)
                 ]
                 summary[layer.name] = {**counts, **members[0], "members": members}
                 del summary[layer.name]["policy"]
             else:
-                summary[layer.name] = {**counts, **_statistics(self.policy, layer.stats)}
+                summary[layer.name] = {**counts, **_statistics(policy, layer.stats)}
         return summary
 
     def noise_ratios(self) -> list[dict]:
@@ -403,7 +438,7 @@ class Attachment:
         gradient and their parts (`gradcomp.noise_monitor`); empty without noise_every."""
         if self.noise is None:
             return []
-        self._finish_noise()
+        self._record_noise()
         return list(self.noise.history)
 
     def switch_report(self, summary: dict | None = None) -> dict[str, object]:
@@ -412,7 +447,7 @@ class Attachment:
         element over training: the policy's and the fallback's, weighted by the elements each compressed
         (`summary`: the run's, for policies whose bits depend on it, e.g. pruning's measured sparsity; by
         default this attachment's own `sparsity()` and `layer_summary()`, one host sync)."""
-        self._finish_noise()
+        self._record_noise()
         switches = {layer.name: layer.switched_at for layer in self.layers if layer.switched_at is not None}
         policy, fallback = (sum(layer.trained[k] for layer in self.layers) for k in (0, 1))
         share = fallback / (policy + fallback) if policy + fallback else 0.0
@@ -424,8 +459,9 @@ class Attachment:
 
     def state_dict(self) -> dict:
         """Statistics, pending refreshes and counts of every layer, and the noise ratios and guard (for
-        checkpoints; a noise step's values are brought to the host first, as the next step would)."""
-        self._finish_noise()
+        checkpoints; a noise step whose backward pass has run is brought to the host first, one still
+        measuring is restored as pending)."""
+        self._record_noise()
         return {
             "step": self.step,
             "backward": self._backward,
@@ -674,14 +710,21 @@ def attach(
         floats = [t for t in [*module.parameters(), *module.buffers()] if t.is_floating_point()]
         if floats:  # the layer's gradients come in its parameters' dtype
             check_dtype(config.policy, floats[0].dtype, f"layer {name!r}")
+    _check_kept(config, chosen)
     if config.layer_types is None:
         _warn_small_share(model, config, chosen)
+    try:  # everything is checked: install, and undo what was installed if anything still fails
+        _install(model, attachment, chosen)
+    except BaseException:
+        attachment.detach()
+        raise
+    return attachment
+
+
+def _install(model: nn.Module, attachment: Attachment, chosen: list[tuple[str, nn.Module]]) -> None:
+    """The hooks and wrappers of an attachment, each with its remover in `attachment._undo`."""
+    config = attachment.config
     attachment._undo.append(model.register_forward_pre_hook(attachment._auto_step).remove)
-    if attachment.noise is not None and config.placement != "output":
-        raise ValueError(
-            "noise_every: the noise ratio is that of a layer's weight gradient, which the gradient at its "
-            f"output feeds: it needs placement='output', got {config.placement!r}"
-        )
     for index, (name, module) in enumerate(chosen):
         layer = LayerState(name, index, 1 if isinstance(module, LAYER_TYPES["conv"]) else -1)
         attachment.layers.append(layer)
@@ -705,7 +748,27 @@ def attach(
                 attachment._undo.extend(_track_bn_output(module, attachment))
     for layer in attachment.layers[len(attachment.layers) - config.keep_last :]:
         attachment._switch(layer, 0)  # kept in high precision from the start
-    return attachment
+
+
+def _check_kept(config: CompressionConfig, chosen: list[tuple[str, nn.Module]]) -> None:
+    """keep_last and keep_worst must leave a layer under the policy, and keep_worst can rank only the
+    layers that have a noise ratio (a weight that takes a gradient) and are not kept already."""
+    kept = config.keep_last + config.keep_worst
+    if kept and kept >= len(chosen):
+        keys = " + ".join(
+            f"{key}={getattr(config, key)}" for key in ("keep_last", "keep_worst") if getattr(config, key)
+        )
+        raise ValueError(
+            f"{keys} keeps every one of the {len(chosen)} selected layers in the fallback, so nothing is "
+            f"compressed by {config.policy.label}: keep fewer layers, or train with the fallback alone"
+        )
+    rankable = [name for name, module in chosen[: len(chosen) - config.keep_last] if monitorable(module)]
+    if config.keep_worst > len(rankable):
+        raise ValueError(
+            f"keep_worst={config.keep_worst} ranks layers by their noise ratio, and {len(rankable)} of the "
+            "selected layers have one (a convolution or linear layer whose weight takes a gradient, not "
+            "kept by keep_last)"
+        )
 
 
 def _check_not_compiled(model: nn.Module) -> None:

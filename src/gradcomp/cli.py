@@ -1,7 +1,8 @@
 """`gradcomp <verb>` (also `python -m gradcomp <verb>`): the entry point every pipeline rule calls.
 
 Verbs import what they need when they run, so that e.g. `gradcomp draw` does not load torch. A mistake in
-what was asked for (a flag's value, a config value, a path, a folder holding a previous run) prints one line,
+what was asked for (a flag's value, a config value, a path, a folder holding a previous run, a file that is
+not what the verb reads, runs an experiment cannot use, an output that cannot be written) prints one line,
 `gradcomp: error: ...`, and exits with status 2 before any work; `--debug` shows the traceback instead.
 Flags are checked as the config keys they set are (`gradcomp.choices`), when the command line is parsed.
 """
@@ -11,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -54,9 +56,19 @@ def _check_device(config: TrainConfig) -> None:
         )
 
 
-def _train(args: argparse.Namespace) -> None:
-    import os
+def _writable(path: str | Path, what: str, folder: bool = False) -> None:
+    """An output that cannot be written fails before the work that makes it: `path` (a file, or with
+    `folder` a folder; made with its parents where missing) must lie in a writable folder."""
+    path = Path(path)
+    if path.exists() and path.is_dir() != folder:
+        raise ConfigError(f"{what} {path} is {'not ' * folder}a folder")
+    inside = path if folder else path.parent
+    nearest = next(p for p in (inside, *inside.parents) if p.exists())
+    if not nearest.is_dir() or not os.access(nearest, os.W_OK):
+        raise ConfigError(f"{what} {path}: {nearest} is not a writable folder")
 
+
+def _train(args: argparse.Namespace) -> None:
     from gradcomp.config import resolve_config
     from gradcomp.train import TrainingInterrupted, train
 
@@ -83,21 +95,25 @@ def _train(args: argparse.Namespace) -> None:
 def _run(args: argparse.Namespace) -> None:
     """Train a job's (run, seed) pairs one after the other in this process; each resumes from its checkpoint
     (a finished one only rewrites its summary). Every pair's config is checked before any trains."""
-    import os
     import socket
     from datetime import datetime
 
     started = datetime.now().astimezone()  # before the imports: the manifest shows the whole start-up
     from gradcomp.config import resolve_config
-    from gradcomp.train import train
+    from gradcomp.train import check_model_config, train
 
     items = args.job
-    configs = [
-        resolve_config(None, **{**item["spec"], "out": item["out"], "resume": True, "progress": False})
-        for item in items
-    ]
-    for config in configs:
-        _check_device(config)
+    configs = []
+    for index, item in enumerate(items, start=1):
+        try:
+            spec = {**item["spec"], "out": item["out"], "resume": True, "progress": False}
+            configs.append(resolve_config(None, **spec))
+            _check_device(configs[-1])
+            check_model_config(configs[-1])
+        except ConfigError as error:
+            raise ConfigError(f"--job item {index} ({item['run']}, seed {item['seed']}): {error}") from error
+    if args.manifest:
+        _writable(args.manifest, "--manifest")
     main = os.environ.get("RANK", "0") == "0"  # under torchrun rank 0 alone reports
     trained = []
     for index, (item, config) in enumerate(zip(items, configs, strict=True), start=1):
@@ -142,10 +158,68 @@ def _experiment(experiment_id: str):
     return registry[experiment_id]
 
 
+def _read_runs(items: list[tuple[str, int, Path]]) -> dict:
+    """--runs as run name -> RunGroup, each item's folder read (config.yaml, summary.json, its policy) and
+    refused in one line naming the item where it is no finished training run."""
+    import yaml
+
+    from gradcomp.analysis.runs import RunGroup, load_run
+
+    read: dict[str, dict[int, Any]] = {}
+    for name, seed, folder in items:
+        item = f"--runs {name}:{seed}={folder}"
+        if seed in read.get(name, {}):
+            raise ConfigError(f"{item}: run {name} at seed {seed} is given twice")
+        try:
+            run = load_run(name, seed, folder)
+            run.policy  # noqa: B018 (parsed now, so that a bad one names its folder)
+        except FileNotFoundError as error:
+            raise ConfigError(f"{item}: no {error.filename}: not a finished training run") from None
+        except (OSError, ValueError, KeyError, TypeError, yaml.YAMLError) as error:
+            raise ConfigError(
+                f"{item}: not a training run's folder ({type(error).__name__}: {error})"
+            ) from None
+        read.setdefault(name, {})[seed] = run
+    groups = {name: RunGroup(name, dict(sorted(runs.items()))) for name, runs in read.items()}
+    for group in groups.values():
+        first = group.first
+        for run in group.runs.values():
+            if (run.policy, run.config.get("forward_bits")) != (first.policy, group.forward_bits):
+                raise ConfigError(
+                    f"--runs {group.name}: seed {run.seed} ({run.folder}) and seed {first.seed} "
+                    f"({first.folder}) were trained differently (policy, forward_bits); a run's seeds differ "
+                    "only in the seed"
+                )
+    return groups
+
+
+def _check_runs(experiment: Any, settings: Any, groups: dict) -> None:
+    """The runs and seeds the experiment's settings name are all in --runs, each trained as it needs."""
+    given = ", ".join(groups) or "none"
+    missing = [run for run in settings.runs_read(list(groups)) if run not in groups]
+    if missing:
+        raise ConfigError(
+            f"{experiment.id} reads runs {missing} (named by its settings), which --runs does not give "
+            f"(given: {given}); add a RUN:SEED=FOLDER item for each seed of each"
+        )
+    chosen = getattr(settings, "seeds", None) if settings.reads_checkpoints else None
+    for run in settings.runs_read(list(groups)) if chosen is not None else ():
+        absent = sorted(set(chosen) - set(groups[run].seeds))
+        if absent:
+            raise ConfigError(
+                f"{experiment.id} measures run {run} at seeds {list(chosen)} (setting seeds); --runs gives "
+                f"no folder for seeds {absent}"
+            )
+    wrong = experiment.mistrained(
+        settings, lambda run: (groups[run].policy, groups[run].forward_bits) if run in groups else None
+    )
+    if wrong:
+        raise ConfigError(f"{experiment.id} setting {wrong[0]}")
+
+
 def _compute(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from gradcomp.analysis.runs import load_groups
     from gradcomp.analysis.tables import write_result
 
     experiment = _experiment(args.id)
@@ -153,11 +227,11 @@ def _compute(args: argparse.Namespace) -> None:
         section = json.loads(Path(args.settings).read_text()) if args.settings else {}
         settings = experiment.params.from_config(section, f"experiments.{args.id}")
     except ValueError as error:  # not JSON, or a setting the experiment refuses
-        raise ConfigError(f"--settings {args.settings}: {error}") from error
-    folders: dict[str, dict[int, Path]] = {}
-    for run, seed, folder in args.runs:
-        folders.setdefault(run, {})[seed] = folder
-    groups = load_groups(folders)
+        where = f"--settings {args.settings}" if args.settings else "no --settings given"
+        raise ConfigError(f"{where}: {error}") from error
+    groups = _read_runs(args.runs)
+    _check_runs(experiment, settings, groups)
+    _writable(args.out_dir, "--out-dir", folder=True)
     np.random.seed(0)  # anything drawing from numpy's global generator: same inputs, same numbers
     result = experiment.compute(settings, groups)
     record = write_result(result, experiment.id, experiment.title, Path(args.out_dir) / experiment.prefix)
@@ -166,30 +240,70 @@ def _compute(args: argparse.Namespace) -> None:
         print(f"  {line}")
 
 
+def _record(path: Path) -> Any:
+    """The Record of an experiment's <ID>_<slug>.json, or one line saying why the file is none."""
+    from gradcomp.analysis.tables import Record
+
+    try:
+        return Record.load(path)
+    except (ValueError, TypeError, KeyError, AttributeError) as error:
+        raise ConfigError(
+            f"{path} is not an experiment's numbers (the JSON gradcomp compute writes): "
+            f"{type(error).__name__}: {error}"
+        ) from None
+
+
 def _draw(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from gradcomp.analysis.tables import Record
     from gradcomp.plots.style import save_figure
 
     path = Path(args.numbers)
-    record = Record.load(path)
+    record = _record(path)
     experiment = _experiment(record.id)
+    _writable(path.with_suffix(".png"), "the figure")
     np.random.seed(0)  # seaborn draws its strip-plot jitter from numpy: same numbers, same picture
     for written in save_figure(experiment.draw(record), record.title, path.with_suffix("")):
         print(written)
 
 
 def _summary(args: argparse.Namespace) -> None:
+    """SUMMARY.md of the experiments' JSONs in --figures; a folder that holds none is refused (a summary of
+    nothing would look like one whose experiments all came out empty)."""
     from gradcomp.analysis.summary import write_summary
+    from gradcomp.experiments import experiments
 
-    print(write_summary(Path(args.figures), args.out))
+    figures = Path(args.figures)
+    if not figures.is_dir():
+        raise ConfigError(f"--figures {figures} is not a folder")
+    found = [path for e in experiments().values() if (path := figures / f"{e.prefix}.json").is_file()]
+    if not found:
+        raise ConfigError(
+            f"--figures {figures} holds no experiment's numbers (<ID>_<slug>.json, which gradcomp compute "
+            "writes): nothing to summarise"
+        )
+    for path in found:
+        _record(path)
+    _writable(args.out, "--out")
+    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+    print(write_summary(figures, args.out))
+
+
+PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
 
 
 def _page(args: argparse.Namespace) -> None:
     from gradcomp.page import write_page
 
-    print(write_page(args.out, args.markdown, args.figure))
+    if args.figure is not None:
+        with Path(args.figure).open("rb") as file:
+            if file.read(len(PNG_SIGNATURE)) != PNG_SIGNATURE:
+                raise ConfigError(f"--figure {args.figure} is not a PNG file")
+    _writable(args.out, "--out")
+    try:
+        print(write_page(args.out, args.markdown, args.figure))
+    except UnicodeDecodeError as error:  # raised as the Markdown is read, before anything is written
+        raise ConfigError(f"{args.markdown} is not UTF-8 text: {error}") from None
 
 
 DEBUG_HELP = "on an error, show the traceback instead of the one-line message"
@@ -235,24 +349,45 @@ def _checked(name: str, check: Callable[..., Any], *bounds: Any) -> Callable[[st
     return convert
 
 
-JOB_KEYS = {"run", "seed", "out", "spec"}
 JOB_HELP = 'a JSON list of {"run": NAME, "seed": K, "out": FOLDER, "spec": {training config keys}}'
 
 
+def _name(value: Any) -> bool:
+    return isinstance(value, str) and bool(value)
+
+
+# each --job item's keys: what its value must be, and the check
+JOB_ITEM: dict[str, tuple[str, Callable[[Any], bool]]] = {
+    "run": ("a name", _name),
+    "seed": ("an integer >= 0", lambda seed: type(seed) is int and seed >= 0),
+    "out": ("a folder", _name),
+    "spec": ("a mapping of training config keys", lambda spec: isinstance(spec, dict)),
+}
+
+
 def _job(text: str) -> list[dict[str, Any]]:
-    """--job: a JSON list of {"run", "seed", "out", "spec"} items."""
+    """--job: a non-empty JSON list of {"run", "seed", "out", "spec"} items, each value of its kind."""
+    items = None
     with contextlib.suppress(json.JSONDecodeError):
         items = json.loads(text)
-        if isinstance(items, list) and all(isinstance(i, dict) and set(i) >= JOB_KEYS for i in items):
-            return items
-    raise argparse.ArgumentTypeError(f"expected {JOB_HELP}, got {text!r}")
+    if not (
+        isinstance(items, list)
+        and items
+        and all(isinstance(i, dict) and set(i) >= set(JOB_ITEM) for i in items)
+    ):
+        raise argparse.ArgumentTypeError(f"expected {JOB_HELP}, got {text!r}")
+    for index, item in enumerate(items, start=1):
+        for key, (kind, right) in JOB_ITEM.items():
+            if not right(item[key]):
+                raise argparse.ArgumentTypeError(f"item {index}: {key} must be {kind}, got {item[key]!r}")
+    return items
 
 
 def _run_folder(item: str) -> tuple[str, int, Path]:
     """A --runs item, RUN:SEED=FOLDER."""
     key, sep, folder = item.partition("=")
     run, colon, seed = key.rpartition(":")
-    if not (sep and colon and seed.isdigit()):
+    if not (sep and colon and seed.isdigit() and run and folder):
         raise argparse.ArgumentTypeError(f"items are RUN:SEED=FOLDER, got {item!r}")
     return run, int(seed), Path(folder)
 

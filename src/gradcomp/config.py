@@ -22,6 +22,7 @@ from typing import Any
 import yaml
 
 from gradcomp.choices import (
+    GUARD_RATIOS,
     LAYER_TYPES,
     LR_SCHEDULES,
     OPTIMIZERS,
@@ -44,6 +45,9 @@ class ConfigError(ValueError):
     `gradcomp` command prints its message as one line instead of a traceback."""
 
 
+_GUARD_PATIENCE = 2  # the guard's default patience: another value without a guard is refused
+
+
 @dataclass(frozen=True)
 class CompressionConfig:
     """What to compress and where, and when its statistics are refreshed.
@@ -58,15 +62,22 @@ class CompressionConfig:
     Noise ratio (`gradcomp.noise_monitor`): every `noise_every` steps each compressed convolution and linear
     layer predicts R = ||g_W|| / ||noise in g_W|| without a GEMM (one host sync per such step), and with
     `measure_noise` also measures it (two extra weight-gradient GEMMs per layer on those steps). With
-    `guard` (e.g. 1.732, FP4 All the Way's sqrt(3)), a layer whose predicted R stays below it at
-    `guard_patience` consecutive noise steps compresses with `fallback` (a policy, default exact
-    gradients) for the rest of training; with `switch_step`, every layer does from that step on (a fixed
-    late switch of the backward pass, FP4 All the Way's section 5).
+    `guard` (e.g. 1.732, FP4 All the Way's sqrt(3)), a layer whose R stays below it at `guard_patience`
+    consecutive noise steps compresses with `fallback` (a policy, default exact gradients) for the rest of
+    training; with `switch_step`, every layer does from that step on (a fixed late switch of the backward
+    pass, FP4 All the Way's section 5). `guard_on` says which R the guard (and keep_worst) reads: "measured"
+    (needs measure_noise), "carried" or "theory" (`GUARD_RATIOS`); unset, the measured one where it is
+    measured and the carried prediction elsewhere (the prediction overstates R up to tenfold for
+    nearest-rounding formats, whose error is correlated with the gradient). Under torch.distributed every
+    rank reads the smallest R of all ranks, so that all of them switch the same layers.
 
     Layers kept in high precision (`fallback`) throughout: `keep_last`, the last k selected layers (in the
     model's order: NVIDIA's NVFP4 recipe keeps its last layers in BF16, whose weight gradients err most);
-    `keep_worst`, the k layers whose predicted R (the guard's) is lowest at the first noise step, from then
-    on (the same choice made by gradcomp's own prediction; needs noise_every).
+    `keep_worst`, the k layers whose R (the guard's) is lowest at the first noise step, from then on (the
+    same choice made by gradcomp's own prediction; needs noise_every).
+
+    Keys that would do nothing are refused: `fallback` or `guard_patience` without a key that switches,
+    `guard_on` without guard or keep_worst, the noise keys with `placement` "input".
     """
 
     policy: Policy = field(default_factory=NoCompression)  # a policy string is parsed (parse_policy)
@@ -79,7 +90,8 @@ class CompressionConfig:
     noise_every: int | None = None
     measure_noise: bool = False
     guard: float | None = None
-    guard_patience: int = 2
+    guard_patience: int = _GUARD_PATIENCE
+    guard_on: str | None = None
     switch_step: int | None = None
     keep_last: int = 0
     keep_worst: int = 0
@@ -121,6 +133,11 @@ class CompressionConfig:
         needs = [key for key in ("measure_noise", "guard") if getattr(self, key)]
         if needs and self.noise_every is None:
             raise ValueError(f"{needs[0]} needs noise_every (the steps at which the noise ratio is taken)")
+        if self.noise_every is not None and self.placement != "output":
+            raise ValueError(
+                "noise_every: the noise ratio is that of a layer's weight gradient, which the gradient at "
+                f"its output feeds: it needs placement='output', got {self.placement!r}"
+            )
         if self.guard is not None:
             object.__setattr__(self, "guard", positive("guard", self.guard))
         if self.switch_step is not None:
@@ -128,25 +145,51 @@ class CompressionConfig:
         for key in ("keep_last", "keep_worst"):
             object.__setattr__(self, key, integer(key, getattr(self, key), 0))
         if self.keep_worst and self.noise_every is None:
-            raise ValueError(
-                "keep_worst needs noise_every (it ranks the layers by their predicted noise ratio)"
-            )
+            raise ValueError("keep_worst needs noise_every (it ranks the layers by their noise ratio)")
+        self._check_guard_on()
         switching = self.switching
         if switching and isinstance(self.policy, NoCompression):
             raise ValueError(
                 f"{switching[0]}: the policy 'none' adds no noise, there is nothing to switch from"
             )
+        if not switching and self.fallback != NoCompression():
+            raise ValueError(
+                f"fallback {self.fallback.describe()!r} acts only on layers that switch to it: give guard, "
+                "switch_step, keep_last or keep_worst too, or leave it out"
+            )
+        if self.guard is None and self.guard_patience != _GUARD_PATIENCE:
+            raise ValueError("guard_patience counts the noise steps below the guard: give guard too")
         if switching and self.fallback.two_streams and not self.policy.two_streams:
             raise ValueError(
                 f"fallback {self.fallback.label} quantizes the two GEMMs' copies apart, which "
                 f"{self.policy.label} does not: choose a one-stream fallback (e.g. none, fp)"
             )
 
+    def _check_guard_on(self) -> None:
+        """`guard_on` resolved where a ratio is read (guard, keep_worst): the measured R where it is
+        measured, else the carried prediction; refused where nothing reads it."""
+        if self.guard is None and not self.keep_worst:
+            if self.guard_on is not None:
+                raise ValueError(
+                    "guard_on says which noise ratio guard and keep_worst read: give one of them"
+                )
+            return
+        if self.guard_on is None:
+            object.__setattr__(self, "guard_on", "measured" if self.measure_noise else "carried")
+        choose("guard_on", self.guard_on, GUARD_RATIOS)
+        if self.guard_on == "measured" and not self.measure_noise:
+            raise ValueError("guard_on='measured' needs measure_noise (the weight-gradient GEMMs measure R)")
+
     @property
     def switching(self) -> list[str]:
         """The settings that move layers to the fallback (guard, switch_step, keep_last, keep_worst)."""
-        keys = ("guard", "switch_step", "keep_last", "keep_worst")
-        return [key for key in keys if getattr(self, key) not in (None, 0)]
+        given = {
+            "guard": self.guard is not None,
+            "switch_step": self.switch_step is not None,  # 0 included: every layer from the start
+            "keep_last": self.keep_last > 0,
+            "keep_worst": self.keep_worst > 0,
+        }
+        return [key for key, on in given.items() if on]
 
     @property
     def types(self) -> tuple[str, ...]:
@@ -162,6 +205,7 @@ class CompressionConfig:
 
 
 COMPRESSION_KEYS = tuple(f.name for f in dataclasses.fields(CompressionConfig))
+
 
 # timm registers a model by decorating its entrypoint with @register_model, and keeps old names through
 # register_model_deprecations(__name__, {old: new, ...}) in the same module

@@ -6,21 +6,31 @@ to its weight gradient twice (`gradcomp.theory.noise`, no GEMM): "theory" carrie
 predicted from the lognormal fit through that energy, "carried" the error the compression actually made
 on the neural gradient (one reduction). With `measure_noise` it also computes its exact weight gradient and
 the noise itself (the weight-gradient GEMMs of the neural gradient and of the compression's error, on those
-steps only). The compressed weight gradient's norm is read where autograd accumulates it. When the next
-step begins, the values come to the host (one sync per noise step), the ratios are recorded in `history`,
-and the guard switches a layer whose "carried" ratio stayed below `guard` for `guard_patience` noise steps
-in a row to `fallback` for the rest of training. It acts on "carried" because the lognormal fit
-misses the error of some real layers by an order of magnitude (the tails of a two-population gradient;
-see the noise-ratio experiment), while the carrying itself holds within a factor of two wherever the
-error is noise (uncorrelated with the gradient, as an unbiased compressor's is).
+steps only). The compressed weight gradient's norm is that of the gradient this backward pass adds to the
+weight (a hook on the weight before autograd accumulates it), so gradient accumulation does not inflate it.
+
+A noise step measures the first forward and backward pass through each layer in that step. Its life cycle
+does not depend on when anyone reads it: `record` brings its values to the host (one sync) once its backward
+pass has run, whoever asks first (a report, a checkpoint, or the next step's beginning); `decide`, called as
+the next step begins and nowhere else, updates the guard. The guard switches a layer whose R (the one
+`guard_on` names: measured where it is measured, else the "carried" prediction, which holds within a factor
+of two where the error is noise, uncorrelated with the gradient, as an unbiased compressor's is; the
+lognormal fit misses some real layers' error by an order of magnitude) stayed below `guard` for
+`guard_patience` noise steps in a row to `fallback` for the rest of training. Under torch.distributed the
+decision reads, for each layer, the smallest R of all ranks (one all-reduce per noise step, as every rank
+begins the next step), so every rank compresses the same layers: a layer switches when any rank's R stays
+low. A layer whose weight does not require a gradient when it is attached (frozen) has no weight gradient
+and no noise ratio: it is not monitored.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
+import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
@@ -41,14 +51,13 @@ from gradcomp.theory.noise import (
 MEASURABLE = (nn.Linear, nn.modules.conv._ConvNd)  # layers whose weight gradient is a GEMM with their input
 # the predictions of the noise a layer's weight gradient takes, each carried through its input's energy:
 # from the lognormal theory of the policy's error, and from the error the compression made (measured on
-# the neural gradient: one reduction, no GEMM); the guard acts on the second
+# the neural gradient: one reduction, no GEMM)
 PREDICTIONS = ("theory", "carried")
-GUARDED = "carried"
 
 
 @dataclass
 class LayerNoise:
-    """One layer's values at the current noise step (tensors on the device until `NoiseMonitor.finish`)."""
+    """One layer's values at the current noise step (tensors on the device until `NoiseMonitor.record`)."""
 
     name: str
     module: nn.Module
@@ -56,9 +65,18 @@ class LayerNoise:
     shape: tuple[int, int] = (1, 1)  # (rows, groups) of the output
     input: Tensor | None = None  # the layer's input (measure_noise)
     predicted: dict[str, float | None] = field(default_factory=dict)  # noise by PREDICTIONS' kind
-    compressed: Tensor | None = None  # ||g_hat_W||^2
+    compressed: Tensor | None = None  # ||g_hat_W||^2 of this backward pass's weight gradient
     measured: Tensor | None = None  # (||g_W||^2, ||g_hat_W - g_W||^2)
-    below: int = 0  # consecutive noise steps with the predicted ratio below the guard
+    below: int = 0  # consecutive noise steps with the guard's ratio below the guard
+
+    @property
+    def observed(self) -> bool:
+        """Whether this noise step's backward pass reached the layer (its values are then kept)."""
+        return bool(self.predicted)
+
+    def clear(self) -> None:
+        self.energy = self.compressed = self.measured = self.input = None
+        self.predicted = {}
 
 
 @dataclass
@@ -69,38 +87,41 @@ class NoiseMonitor:
     config: CompressionConfig
     layers: dict[int, LayerNoise] = field(default_factory=dict)  # by the attachment's layer index
     history: list[dict] = field(default_factory=list)
-    pending: int | None = None  # the noise step whose values are not yet on the host
+    pending: int | None = None  # the noise step being measured: its values are on the device
+    undecided: int | None = None  # a recorded noise step the guard has not yet acted on
+    ranked: bool = False  # keep_worst has chosen its layers
 
     def due(self, step: int) -> bool:
         return self.config.noise_every is not None and step % self.config.noise_every == 0
 
     def watch(self, index: int, name: str, module: nn.Module, is_due: Callable[[], bool]) -> list[Callable]:
-        """Hooks on one layer (its forward, its weight's gradient accumulation); returns their removers."""
-        if not isinstance(module, MEASURABLE) or getattr(module, "weight", None) is None:
+        """Hooks on one layer (its forward, its weight's incoming gradient); returns their removers. A layer
+        without a weight, or whose weight takes no gradient (frozen), is not watched."""
+        if not monitorable(module):
             return []
         layer = self.layers[index] = LayerNoise(name, module)
 
         def forward(module: nn.Module, inputs: tuple, output: Tensor) -> None:
-            if is_due() and torch.is_grad_enabled() and inputs and isinstance(output, Tensor):
+            # until the step's backward reaches the layer, the latest forward pass is the one it measures
+            measuring = is_due() and not layer.observed and torch.is_grad_enabled()
+            if measuring and inputs and isinstance(output, Tensor):
                 layer.energy = patch_energy(module, inputs[0])
                 layer.shape = rows_and_groups(module, output)
                 layer.input = inputs[0].detach() if self.config.measure_noise else None
 
-        def accumulated(weight: Tensor) -> None:
-            if layer.energy is not None and weight.grad is not None:
-                layer.compressed = weight.grad.detach().double().square().sum()
+        def incoming(grad: Tensor) -> None:
+            if layer.observed and layer.compressed is None:
+                layer.compressed = grad.detach().double().square().sum()
 
-        handles = [
-            module.register_forward_hook(forward),
-            _weight_leaf(module).register_post_accumulate_grad_hook(accumulated),
-        ]
+        handles = [module.register_forward_hook(forward), _weight_leaf(module).register_hook(incoming)]
         return [handle.remove for handle in handles]
 
     def observe(self, index: int, policy: Policy, copy: GradientCopy, out: Tensor, stats: LayerStats) -> None:
         """In backward, the copy of layer `index`'s neural gradient that feeds its weight-gradient GEMM
-        (`copy`), its compressed value `out`, and the layer's statistics."""
+        (`copy`), its compressed value `out`, and the layer's statistics (the first backward pass of the
+        noise step only)."""
         layer = self.layers.get(index)
-        if layer is None or layer.energy is None:
+        if layer is None or layer.energy is None or layer.observed:
             return
         rows, groups = layer.shape
         g = copy.g
@@ -119,23 +140,55 @@ class NoiseMonitor:
             layer.measured = _measure(layer.module, layer.input, g, out)
             layer.input = None
 
-    def finish(self) -> list[int]:
-        """Bring the last noise step's values to the host, record them, and decide the guard; returns the
-        layers (attachment indices) whose ratio has now stayed below the guard for its patience. Called as
-        each step begins (and by reports), so a noise step's figures are complete."""
+    def record(self) -> None:
+        """Bring the pending noise step's values to the host (one sync) as rows of `history`; the guard acts
+        on them when the next step begins (`decide`)."""
         if self.pending is None:
+            return
+        step, self.pending = self.pending, None
+        for layer in self.layers.values():
+            if layer.observed:
+                self.history.append(self._row(step, layer))
+            layer.clear()
+        self.undecided = step
+
+    def discard(self) -> None:
+        """Drop the pending noise step (its step was not applied, e.g. skipped for non-finite values)."""
+        self.pending = None
+        for layer in self.layers.values():
+            layer.clear()
+
+    def decide(self, candidates: set[int]) -> list[int]:
+        """As a step begins, the guard's and keep_worst's reading of the last recorded noise step: the layers
+        (attachment indices, among `candidates`, those still under the policy) to switch now. Under
+        torch.distributed every rank reads the smallest ratio over ranks (one all-reduce)."""
+        step, self.undecided = self.undecided, None
+        config = self.config
+        if step is None or (config.guard is None and not config.keep_worst):
             return []
-        noise_step, self.pending = self.pending, None
-        below = []
-        for index, layer in self.layers.items():
-            if layer.energy is None:
-                continue
-            self.history.append(self._row(noise_step, layer))
-            if layer.below >= self.config.guard_patience:
-                below.append(index)
-            layer.energy = layer.compressed = layer.measured = layer.input = None
-            layer.predicted = {}
-        return below
+        ratios = self._ratios(step)
+        switch = []
+        for index, ratio in ratios.items():
+            layer = self.layers[index]
+            if config.guard is not None:
+                layer.below = layer.below + 1 if ratio < config.guard else 0
+                if layer.below >= config.guard_patience and index in candidates:
+                    switch.append(index)
+        if config.keep_worst and not self.ranked:
+            self.ranked = True
+            ranked = sorted((ratio, index) for index, ratio in ratios.items() if index in candidates)
+            switch += [index for _, index in ranked[: config.keep_worst] if index not in switch]
+        return switch
+
+    def _ratios(self, step: int) -> dict[int, float]:
+        """Each watched layer's ratio at `step` as the guard reads it (+inf where there is none: no evidence
+        of noise), the smallest over ranks under torch.distributed."""
+        key = f"{self.config.guard_on}_ratio"
+        by_name = {row["layer"]: row[key] for row in self.history if row["step"] == step}
+        indices = sorted(self.layers)
+        values = [by_name.get(self.layers[index].name) for index in indices]
+        values = [math.inf if value is None or math.isnan(value) else value for value in values]
+        return dict(zip(indices, smallest_over_ranks(values), strict=True))
 
     def _row(self, step: int, layer: LayerNoise) -> dict:
         compressed = None if layer.compressed is None else float(layer.compressed)
@@ -153,19 +206,43 @@ class NoiseMonitor:
                 "measured_signal": exact,
                 "measured_noise": error,
             }
-        guard, ratio = self.config.guard, row[f"{GUARDED}_ratio"]
-        if guard is not None and ratio is not None:
-            layer.below = layer.below + 1 if ratio < guard else 0
         return row
 
     def state(self) -> dict:
-        """The history and each layer's guard count, for checkpoints (complete a pending step first)."""
-        return {"history": list(self.history), "below": {x.name: x.below for x in self.layers.values()}}
+        """The history, each layer's guard count and where the guard stands, for checkpoints (a noise step
+        still measuring is recorded as pending: its values are not kept, the step is measured again)."""
+        return {
+            "history": list(self.history),
+            "below": {x.name: x.below for x in self.layers.values()},
+            "pending": self.pending,
+            "undecided": self.undecided,
+            "ranked": self.ranked,
+        }
 
     def load(self, state: dict) -> None:
         self.history = list(state["history"])
         for layer in self.layers.values():
             layer.below = state["below"].get(layer.name, 0)
+            layer.clear()
+        self.pending, self.undecided = state.get("pending"), state.get("undecided")
+        self.ranked = state.get("ranked", bool(self.history))  # older checkpoints ranked at the first one
+
+
+def monitorable(module: nn.Module) -> bool:
+    """Whether a layer has a noise ratio: a convolution or linear layer whose weight takes a gradient."""
+    weight = getattr(module, "weight", None)
+    return isinstance(module, MEASURABLE) and weight is not None and _weight_leaf(module).requires_grad
+
+
+def smallest_over_ranks(values: list[float]) -> list[float]:
+    """`values` replaced by their elementwise minimum over the ranks of torch.distributed's default group
+    (unchanged outside it): the guard's decision is then the same on every rank."""
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() < 2:
+        return values
+    device = torch.device("cuda", torch.cuda.current_device()) if dist.get_backend() == "nccl" else "cpu"
+    shared = torch.tensor(values, dtype=torch.float64, device=device)
+    dist.all_reduce(shared, op=dist.ReduceOp.MIN)
+    return shared.tolist()
 
 
 def _weight_leaf(module: nn.Module) -> Tensor:

@@ -166,8 +166,10 @@ def check_schema(config: Mapping[str, Any], schema_file: str | Path) -> None:
 def check_config(config: Mapping[str, Any]) -> None:
     """Errors the schema cannot see, each naming the key: unknown training keys, bad policies or training
     values, unknown timm models (read from timm's sources, without importing torch), a seed set in `train`,
-    experiment settings, runs or seeds an experiment names but the config does not train. `model_kwargs` keys
-    need the model's class, hence torch: each training job checks them before it loads any data."""
+    experiment settings, runs or seeds an experiment names but the config does not train, and runs trained
+    otherwise than the experiment needs (`Experiment.kinds`: an FP experiment's arm without an fp policy).
+    `model_kwargs` keys and the layers `include` / `exclude` select need the model, hence torch: each
+    training job checks them for all its runs before it loads any data."""
     known = set(known_keys()) - {"out", "resume", "overwrite", "progress"}
     for where, keys in [("train", config["train"])] + [
         (f"runs.{run}", _own(config, run)) for run in config["runs"]
@@ -200,7 +202,18 @@ def check_config(config: Mapping[str, Any]) -> None:
             if untrained:
                 where = f"config key experiments.{experiment}.seeds"
                 raise ValueError(f"{where}: run {run} is not trained with seeds {untrained}")
+        wrong = experiments()[experiment].mistrained(settings, lambda run: _trained(config, run))
+        if wrong:
+            raise ValueError(f"config key experiments.{experiment}.{wrong[0]}")
         _check_claim_design(config, experiment, settings)
+
+
+def _trained(config: Mapping[str, Any], run: str) -> tuple[Any, int | None] | None:
+    """A run's policy and forward_bits (None: the config has no such run)."""
+    if run not in config["runs"]:
+        return None
+    train = resolve_config(None, **run_spec(config, run, seeds(config, run)[0]))
+    return train.compression.policy, train.forward_bits
 
 
 def _check_claim_design(config: Mapping[str, Any], experiment: str, settings: Any) -> None:

@@ -306,10 +306,14 @@ class FloatingPoint(Policy):
 
     per_layer_mean (default): the reference code's rule, the log2 mean of |g| placed at 2^-3;
     per_layer_optimal: the scale minimising the relative MSE E[(Q(g)-g)^2]/E[g^2] of a lognormal with the
-    layer's (mu, sigma) (gradcomp.theory.fp). That error is carried by the large values: for sigma2 above
-    about 3 binades and few exponent bits it keeps the tail and flushes most elements to zero (A10
-    predicts 95 % for FP6 [1,4,1] on the default model, which still trains within noise of the mean rule
-    there: A6); not the reference's rule, hence not the default;
+    layer's (mu, sigma) (gradcomp.theory.fp), but at least the largest power of two that keeps the layer's
+    largest finite |g| within the format's largest value. That error is carried by the large values: for
+    sigma2 above about 3 binades and few exponent bits the lognormal's optimum keeps a tail far above a
+    real gradient's largest value and alone would flush whole layers to zero (FP4 [1,3,0] on the default
+    ResNet18); the tensor's own least MSE never lies below that clip-free scale (no value's error grows
+    when the scale doubles while nothing clips: `ops.stats.clip_free_log2_scale`), so the bound changes
+    nothing where the lognormal's optimum is at or above it. Not the reference's rule, hence not the
+    default;
     global: the fixed `global_scale` (classic loss scaling) for every layer;
     dynamic: dynamic loss scaling as mixed-precision training does it (torch.amp.GradScaler's rule): one
     scale for every layer, starting at `global_scale`, halved after any step in which a scaled gradient
@@ -379,7 +383,10 @@ class FloatingPoint(Policy):
             return (
                 "per layer, the power-of-two scale that puts the mean log2|g| at 2^-3 (the reference's rule)"
             )
-        return "per layer, the power-of-two scale of least relative MSE for the layer's lognormal fit"
+        return (
+            "per layer, the power-of-two scale of least relative MSE for the layer's lognormal fit, at least "
+            "the largest that keeps the layer's largest value within the format's"
+        )
 
     @property
     def label(self) -> str:
@@ -568,9 +575,26 @@ class Block(Policy):
         except (TypeError, ValueError) as error:
             raise ValueError(f"block: {error}") from error
         object.__setattr__(self, "_copies", copies)
+        self._check_signs()
         object.__setattr__(self, "element", copies[0].format.element)
         rules = {copy.format.rule for copy in copies}
         object.__setattr__(self, "rule", rules.pop() if len(rules) == 1 else None)
+
+    def _check_signs(self) -> None:
+        """Sign modes act on a transform: one given where no copy it sets has one is refused (it would
+        do nothing)."""
+        inputs, weights = self._copies
+        if self.weight_signs is not None and not weights.hadamard:
+            raise ValueError(
+                f"block: weight_signs={self.weight_signs} sets the signs of the weight-gradient copy's "
+                "transform, which has none (weight_hadamard=0): give weight_hadamard, or leave it out"
+            )
+        transformed = inputs.hadamard or (self.weight_signs is None and weights.hadamard)
+        if self.signs != "call" and not transformed:
+            raise ValueError(
+                f"block: signs={self.signs} sets the signs of a Hadamard transform, and no copy it applies "
+                "to has one (hadamard=0): give hadamard, or leave it out"
+            )
 
     def _copy(self, rounding: str, hadamard: int, signs: str) -> BlockCopy:
         choose("rounding", rounding, ROUNDINGS)
@@ -700,6 +724,8 @@ def _split(text: str) -> tuple[str, dict[str, Any]]:
         key, sep, value = item.partition("=")
         if not sep:
             raise ValueError(f"policy {text!r}: expected key=value, got {item!r}")
+        if key.strip() in kwargs:
+            raise ValueError(f"policy {text!r} gives {key.strip()} twice; give each parameter once")
         kwargs[key.strip()] = yaml.safe_load(value.strip())
     return name.strip(), kwargs
 

@@ -18,11 +18,14 @@ writes files and shows progress; checkpoints hold every rank's random state and 
 resumed run (same N) ends where an uninterrupted one ends. Loss, accuracy, skipped steps and test figures are
 over all ranks. Compression is per rank: each rank fits its statistics (mu, sigma, threshold, scale) to its
 own gradients and draws its own random bits; the reported sparsity is rank 0's unless `reduce_statistics`
-sums the counts of all ranks, and the fitted statistics reported are always rank 0's.
+sums the counts of all ranks, and the fitted statistics reported are always rank 0's. The precision guard's
+switches are shared (`gradcomp.noise_monitor`): every rank compresses the same layers.
 
 Non-finite gradients: a step whose loss or gradient norm is NaN/Inf (on any rank) is skipped (no optimizer
 update, buffers such as BatchNorm running statistics restored), counted in the metrics, and training stops
-with an error after `max_skipped_steps` consecutive ones, so the weights never take a non-finite value.
+with an error after `max_skipped_steps` consecutive ones, so the weights never take a non-finite value. A
+skipped step takes no part in the epoch's train_loss and train_accuracy, nor (`Attachment.discard_step`) in
+the gradient sparsity, the per-layer counts, the average bits and the noise ratios.
 """
 
 from __future__ import annotations
@@ -49,6 +52,7 @@ from tqdm import tqdm
 from gradcomp.attachment import Attachment, attach, select_layers
 from gradcomp.config import ConfigError, TrainConfig
 from gradcomp.data import ImageFolderSet, ImageSet, load_split
+from gradcomp.datasets import DATASETS
 from gradcomp.distributed import ALONE, Processes, setup
 from gradcomp.models import check_model, create_model
 from gradcomp.policies import NoCompression
@@ -369,6 +373,34 @@ def _make_output_directory(out: Path) -> None:
         raise PermissionError(f"output directory {out} is not writable")
 
 
+def check_model_config(config: TrainConfig) -> None:
+    """What only the model can tell is wrong with a run's config, refused before any data is loaded: the
+    model's name, kwargs and stem (`check_model`), and compression (or a probe) whose layer_types / include /
+    exclude select none of its layers. The model is built on the meta device (no memory) at the dataset's
+    registered shape; one that cannot be built there is checked when it is built for real."""
+    check_model(config.model, config.stem, config.model_kwargs)
+    compression = config.compression
+    if isinstance(compression.policy, NoCompression) and not config.probe:
+        return  # nothing is attached
+    dataset = DATASETS[config.dataset]
+    try:
+        with torch.device("meta"):
+            model = create_model(
+                config.model,
+                dataset.classes,
+                dataset.channels,
+                dataset.image_size,
+                config.stem,
+                **config.model_kwargs,
+            )
+    except Exception:  # built for real later, where attach checks the selection
+        return
+    try:
+        select_layers(model, compression.types, compression.include, compression.exclude)
+    except ValueError as error:
+        raise ConfigError(f"{config.model}: {error} (config keys layer_types, include, exclude)") from None
+
+
 def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _Run:
     """Everything a run needs, checked cheapest first; the output folder is made last, so that a run which
     cannot start leaves none behind. The returned run's config records the data folder actually read."""
@@ -379,7 +411,7 @@ def _build(config: TrainConfig, processes: Processes, device: torch.device) -> _
             f"batch_size {config.batch_size} (the global batch) must be a multiple of the "
             f"{processes.world_size} training processes"
         )
-    check_model(config.model, config.stem, config.model_kwargs)
+    check_model_config(config)
     if config.threads:
         torch.set_num_threads(config.threads)
     _seed_everything(config.seed)
@@ -488,12 +520,15 @@ def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
     loss_sum, grad_norms, correct = run.processes.all_sum(
         torch.stack([loss.detach().double(), grad_norm.double(), correct.double()])
     ).tolist()
-    if math.isfinite(loss_sum) and math.isfinite(grad_norms):
+    applied = math.isfinite(loss_sum) and math.isfinite(grad_norms)
+    if applied:
         run.optimizer.step()
         progress.consecutive_skips = 0
     else:
         for buffer, saved in zip(buffers, saved_buffers, strict=True):
             buffer.copy_(saved)
+        if run.attachment is not None:  # its compressed gradients leave the sparsity and noise records
+            run.attachment.discard_step()
         progress.skipped_steps += 1
         progress.consecutive_skips += 1
         if progress.consecutive_skips > config.max_skipped_steps:
@@ -509,9 +544,10 @@ def _train_step(run: _Run, images: torch.Tensor, labels: torch.Tensor) -> float:
     seen = labels.numel() * run.processes.world_size
     progress.step += 1
     progress.batch += 1
-    progress.epoch_loss += loss_value * seen if math.isfinite(loss_value) else 0.0
-    progress.epoch_correct += int(correct)
-    progress.epoch_seen += seen
+    if applied:  # the epoch's loss and accuracy are those of the steps that trained
+        progress.epoch_loss += loss_value * seen
+        progress.epoch_correct += int(correct)
+        progress.epoch_seen += seen
     return loss_value
 
 
@@ -534,8 +570,8 @@ def _end_epoch(run: _Run) -> None:
             "kind": "epoch",
             "epoch": progress.epoch,
             "step": progress.step,
-            "train_loss": progress.epoch_loss / max(1, progress.epoch_seen),
-            "train_accuracy": progress.epoch_correct / max(1, progress.epoch_seen),
+            "train_loss": progress.epoch_loss / progress.epoch_seen if progress.epoch_seen else None,
+            "train_accuracy": progress.epoch_correct / progress.epoch_seen if progress.epoch_seen else None,
             "test_loss": test_loss,
             "test_accuracy": test_accuracy,
             "gradient_sparsity": sparsity,
@@ -663,7 +699,9 @@ def _log_step(run: _Run, loss: float, bar: tqdm) -> None:
             "skipped_steps": progress.skipped_steps,
         }
     )
-    postfix = {"loss": f"{loss:.3f}", "acc": f"{progress.epoch_correct / progress.epoch_seen:.3f}"}
+    postfix = {"loss": f"{loss:.3f}"}
+    if progress.epoch_seen:
+        postfix["acc"] = f"{progress.epoch_correct / progress.epoch_seen:.3f}"
     if sparsity is not None:
         postfix["sparsity"] = f"{sparsity:.3f}"
     bar.set_postfix(postfix)

@@ -40,7 +40,7 @@ from gradcomp.analysis.verdicts import (
 from gradcomp.attachment import attach
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import LateSwitch, NoiseRatios, Stalls
-from gradcomp.noise_monitor import GUARDED, PREDICTIONS
+from gradcomp.noise_monitor import PREDICTIONS
 from gradcomp.policies import FloatingPoint, parse_policy
 from gradcomp.theory.noise import CRITICAL_RATIO, noise_ratio
 
@@ -130,9 +130,9 @@ def _why_missed(per_seed: PerSeed, comparisons: list) -> str:
             f"whose error is noise; {len(outside)} of its {len(missed)} misses have a correlated error "
             f"({', '.join(f'{c.arm}: {known[c.arm]:+.2f}' for c in outside) or 'none'})"
         )
-        if kind != GUARDED:  # the lognormal theory's other misses are its fit's: its R over the carried one
+        if kind != "carried":  # the lognormal theory's other misses are its fit's: its R over the carried one
             fits = [
-                f"{c.arm}: {rows[c.arm][f'{kind}_ratio_mean'] / rows[c.arm][f'{GUARDED}_ratio_mean']:.2g}x"
+                f"{c.arm}: {rows[c.arm][f'{kind}_ratio_mean'] / rows[c.arm]['carried_ratio_mean']:.2g}x"
                 for c in missed
                 if c.arm in noise
             ]
@@ -499,12 +499,16 @@ def _mean(values: list[float]) -> float | None:
     return sum(values) / len(values) if values else None
 
 
+_GUARD_RATIO_WORDS = {"measured": "measured", "carried": "predicted", "theory": "lognormal-theory"}
+
+
 def _late_caption(
     settings: LateSwitch, groups: dict[str, RunGroup], guarded: RunGroup, late: RunGroup
 ) -> str:
     guard = guarded.config["compression"]
+    ratio = _GUARD_RATIO_WORDS[guard.get("guard_on") or "carried"]  # runs before the key read the carried R
     return f"""Final test accuracy of {groups[settings.throughout].label} throughout training, with the
-        precision guard (a layer goes to fp32 for the rest of training once its predicted noise ratio stays
+        precision guard (a layer goes to fp32 for the rest of training once its {ratio} noise ratio stays
         below {guard["guard"]:g} at {guard["guard_patience"]} noise steps in a row, one every
         {guard["noise_every"]} steps) and switched to fp32 in every layer from step
         {late.config["compression"]["switch_step"]} (the late switch), against fp32; with each arm's average

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from gradcomp.choices import CLAIM_TESTS, choose
+from gradcomp.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 
 ALL = "all"  # `runs: all`: every run of the config
 
@@ -191,6 +192,48 @@ class AcrossModels(AtCheckpoint):
         return list(dict.fromkeys([self.run, *self.models]))
 
 
+# --- what a named run must have trained ---------------------------------------------------------------------
+@dataclass(frozen=True)
+class RunKind:
+    """What the runs one setting names must have been trained with, for the experiment to mean anything (an
+    FP experiment's arms an FP policy, a baseline no compression): a policy of one of `policies` (empty: any
+    but none) and forward quantization where `forward` says (True: forward_bits set, False: unset, None:
+    either). `text` says it in the error."""
+
+    text: str
+    policies: tuple[type[Policy], ...] = ()
+    forward: bool | None = None
+
+    def accepts(self, policy: Policy, forward_bits: int | None) -> bool:
+        if self.forward is not None and self.forward != (forward_bits is not None):
+            return False
+        if not self.policies:
+            return not isinstance(policy, NoCompression)
+        return isinstance(policy, self.policies)
+
+
+UNCOMPRESSED = RunKind("an uncompressed run (policy none)", (NoCompression,))
+EXACT_RUN = RunKind("an exact run (policy none, no forward_bits)", (NoCompression,), forward=False)
+QAT_RUN = RunKind("a QAT run (policy none with forward_bits)", (NoCompression,), forward=True)
+QUANTIZED_FORWARD = RunKind("a run trained with forward quantization (forward_bits set)", (Policy,), True)
+COMPRESSED = RunKind("a compressed run (any policy but none)")
+FP_RUN = RunKind("an fp policy (one fp:..., not a chain)", (FloatingPoint,))
+FP_OR_BLOCK_RUN = RunKind(
+    "an fp or block-scaled policy (fp:..., mxfp4, nvfp4, block:...)", (FloatingPoint, Block)
+)
+BLOCK_RUN = RunKind("a block-scaled policy (mxfp4, nvfp4, a recipe, block:...)", (Block,))
+PRUNE_RUN = RunKind("a prune policy (prune:..., not a chain)", (Prune,))
+FQT_RUN = RunKind("an int policy with forward quantization (int:... and forward_bits)", (Integer,), True)
+SEQUEL_RUN = RunKind("a luq, nm or prune policy", (Luq, NM, Prune))
+
+
+def named_in(value: Any) -> list[str]:
+    """The run names a setting's value holds (a name, a list of names, a list of pairs of names)."""
+    if isinstance(value, str):
+        return [value]
+    return [name for item in value or () for name in named_in(item)]
+
+
 # --- the registry -------------------------------------------------------------------------------------------
 
 
@@ -219,6 +262,7 @@ class Experiment:
     stage: str
     title: str
     params: type[Params]
+    kinds: Mapping[str, RunKind] = field(default_factory=dict)  # setting -> what the runs it names train
 
     @property
     def prefix(self) -> str:
@@ -233,6 +277,25 @@ class Experiment:
     def settings(self, config: Mapping[str, Any]) -> Params:
         """The experiment's settings from a pipeline config (its section under `experiments`)."""
         return self.params.from_config(config["experiments"].get(self.id) or {}, f"experiments.{self.id}")
+
+    def mistrained(
+        self, settings: Params, trained: Callable[[str], tuple[Policy, int | None] | None]
+    ) -> list[str]:
+        """Each run a setting names that was not trained as the experiment needs (see `kinds`), in one line
+        starting with the setting; `trained(run)` gives the run's policy and forward_bits (None: a run that
+        is not there, which is not this check's business)."""
+        wrong = []
+        for setting, kind in self.kinds.items():
+            for run in dict.fromkeys(named_in(getattr(settings, setting))):
+                found = trained(run)
+                if found is not None and not kind.accepts(*found):
+                    policy, forward_bits = found
+                    forward = f" with forward_bits {forward_bits}" if forward_bits is not None else ""
+                    wrong.append(
+                        f"{setting}: run {run!r} trains policy {policy.describe()}{forward}; {self.id} needs "
+                        f"{kind.text} there"
+                    )
+        return wrong
 
     @property
     def compute(self) -> Callable:
@@ -267,9 +330,10 @@ def register(
     title: str,
     params: type[Params],
     claims: Mapping[str, tuple[str, str, str, str]] | None = None,
+    kinds: Mapping[str, RunKind] | None = None,
 ) -> None:
     """Add an experiment; `claims`: claim ID -> (paper, claim, test, why the margin) for each verified claim
-    it decides."""
-    EXPERIMENTS[id] = Experiment(id, slug, stage, title, params)
+    it decides; `kinds`: setting -> what the runs it names must have trained (`RunKind`)."""
+    EXPERIMENTS[id] = Experiment(id, slug, stage, title, params, dict(kinds or {}))
     for claim, (paper, text, test, margin) in (claims or {}).items():
         CLAIMS[claim] = Claim(claim, id, paper, text, test, margin)

@@ -9,6 +9,8 @@ from typing import Literal
 
 from gradcomp.experiments.base import (
     ALL,
+    COMPRESSED,
+    UNCOMPRESSED,
     Compare,
     Params,
     register,
@@ -49,6 +51,7 @@ register(
     stage="beyond",
     title="Accuracy vs bits per gradient element, every compressor",
     params=EveryRun,
+    kinds={"baseline": UNCOMPRESSED},
 )
 
 
@@ -58,4 +61,5 @@ register(
     stage="beyond",
     title="Pruning and low-bit FP together",
     params=PruneWithFp,
+    kinds={"baseline": UNCOMPRESSED, "runs": COMPRESSED},
 )

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 from gradcomp.block_format import BlockFormat
 from gradcomp.choices import BLOCK_SCALES
 from gradcomp.experiments.base import (
+    FP_OR_BLOCK_RUN,
+    UNCOMPRESSED,
     AcrossModels,
     CompareWithinModels,
     register,
@@ -52,6 +54,7 @@ register(
     stage="blocks",
     title="Block-scaled gradient formats in training, next to per-layer FP formats",
     params=CompareWithinModels,
+    kinds={"baseline": UNCOMPRESSED, "runs": FP_OR_BLOCK_RUN},
 )
 
 

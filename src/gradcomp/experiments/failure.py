@@ -11,10 +11,12 @@ from dataclasses import dataclass
 
 from gradcomp.experiments.base import (
     ACCURACY_MARGIN,
+    COMPRESSED,
     EQUIVALENCE,
     LOGNORMAL,
     NON_INFERIORITY,
     SUPERIORITY,
+    UNCOMPRESSED,
     AcrossModels,
     CompareWithinModels,
     Params,
@@ -136,6 +138,7 @@ register(
             "a run fails when it is worse than fp32 of its model beyond the accuracy margin",
         ),
     },
+    kinds={"baseline": UNCOMPRESSED, "runs": COMPRESSED},
 )
 
 
@@ -161,4 +164,5 @@ register(
             ACCURACY_MARGIN,
         ),
     },
+    kinds={"baseline": UNCOMPRESSED, "throughout": COMPRESSED, "guarded": COMPRESSED, "late": COMPRESSED},
 )

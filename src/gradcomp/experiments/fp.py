@@ -11,8 +11,10 @@ from typing import Literal
 from gradcomp.experiments.base import (
     ACCURACY_MARGIN,
     EXACT,
+    FP_RUN,
     LOGNORMAL,
     NON_INFERIORITY,
+    UNCOMPRESSED,
     CompareWithinModels,
     Params,
     register,
@@ -134,6 +136,7 @@ register(
             ACCURACY_MARGIN,
         )
     },
+    kinds={"baseline": UNCOMPRESSED, "runs": FP_RUN},
 )
 
 
@@ -143,6 +146,7 @@ register(
     stage="fp",
     title="Per-layer vs global loss scaling; exponent/mantissa split",
     params=Scaling,
+    kinds={"baseline": UNCOMPRESSED, "rules": FP_RUN, "sweep": FP_RUN, "splits": FP_RUN},
 )
 
 
@@ -152,4 +156,5 @@ register(
     stage="fp",
     title="Where low-precision FP gradients fail, and the fix",
     params=FailurePairs,
+    kinds={"baselines": UNCOMPRESSED, "pairs": FP_RUN, "arms": FP_RUN},
 )

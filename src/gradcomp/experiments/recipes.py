@@ -6,7 +6,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from gradcomp.experiments.base import CompareWithinModels, register
+from gradcomp.experiments.base import (
+    BLOCK_RUN,
+    UNCOMPRESSED,
+    CompareWithinModels,
+    register,
+)
 
 
 @dataclass(frozen=True)
@@ -23,4 +28,5 @@ register(
     stage="recipes",
     title="The block recipes the field trains with, side by side",
     params=Recipes,
+    kinds={"baseline": UNCOMPRESSED, "runs": BLOCK_RUN},
 )

@@ -10,7 +10,9 @@ from gradcomp.experiments.base import (
     LUQ,
     MVUE,
     NON_INFERIORITY,
+    SEQUEL_RUN,
     SUPERIORITY,
+    UNCOMPRESSED,
     CompareWithinModels,
     register,
 )
@@ -63,4 +65,5 @@ register(
             "none: the claim is an ordering",
         ),
     },
+    kinds={"baseline": UNCOMPRESSED, "runs": SEQUEL_RUN},
 )

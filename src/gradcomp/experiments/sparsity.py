@@ -13,7 +13,9 @@ from gradcomp.experiments.base import (
     EQUIVALENCE,
     LOGNORMAL,
     NON_INFERIORITY,
+    PRUNE_RUN,
     SPARSITY_MARGIN,
+    UNCOMPRESSED,
     CompareWithinModels,
     Params,
     register,
@@ -83,6 +85,7 @@ register(
             SPARSITY_MARGIN,
         ),
     },
+    kinds={"runs": PRUNE_RUN},
 )
 
 
@@ -100,6 +103,7 @@ register(
             ACCURACY_MARGIN,
         )
     },
+    kinds={"baseline": UNCOMPRESSED, "runs": PRUNE_RUN},
 )
 
 
@@ -109,4 +113,5 @@ register(
     stage="sparsity",
     title="Heterogeneous sparsity with a cosine-similarity constraint",
     params=Heterogeneous,
+    kinds={"constrained": PRUNE_RUN, "homogeneous": PRUNE_RUN},
 )

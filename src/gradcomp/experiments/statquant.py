@@ -10,7 +10,11 @@ from dataclasses import dataclass
 from gradcomp.experiments.base import (
     ACCURACY_MARGIN,
     EQUIVALENCE,
+    EXACT_RUN,
+    FQT_RUN,
     NON_INFERIORITY,
+    QAT_RUN,
+    QUANTIZED_FORWARD,
     STATQUANT,
     SUPERIORITY,
     AtCheckpoint,
@@ -102,6 +106,7 @@ register(
             "none: the claim is an ordering",
         )
     },
+    kinds={"run": QUANTIZED_FORWARD},
 )
 
 
@@ -126,6 +131,7 @@ register(
             "0.25 in ln of the per-bit factor: 4x within a factor 1.28, between 3.1x and 5.1x per bit",
         ),
     },
+    kinds={"run": QUANTIZED_FORWARD},
 )
 
 
@@ -145,6 +151,7 @@ register(
             "a bias flattens it",
         )
     },
+    kinds={"run": QUANTIZED_FORWARD},
 )
 
 
@@ -163,6 +170,7 @@ register(
             ACCURACY_MARGIN,
         )
     },
+    kinds={"exact": EXACT_RUN, "qat": QAT_RUN, "runs": FQT_RUN},
 )
 
 
@@ -172,4 +180,5 @@ register(
     stage="statquant",
     title="Spread of per-sample gradient ranges as a predictor of the PSQ and BHQ gains",
     params=RangePredictor,
+    kinds={"run": QUANTIZED_FORWARD},
 )
