@@ -287,25 +287,42 @@ def test_two_level_scales_match_on_both_backends(kernel_device, scale, rule):
                 )  # fmt: skip
 
 
-def _te_nvfp4(x: np.ndarray) -> np.ndarray:
+def _te_nvfp4(x: np.ndarray, decode: str = "gradcomp") -> np.ndarray:
     """NVFP4 as Transformer Engine casts and dequantizes it (rows of 16, round to nearest), written from
-    its kernels (cast/nvfp4/core_nvfp4.cuh, dequantize_nvfp4.cuh) in numpy float32 with ml_dtypes' E4M3 and
-    E2M1: s_enc = 448 * 6 / amax (1 for zeros), block scale E4M3(amax_b * (s_enc * (1 / 6))) saturating at
-    448, elements times min(1 / (scale * (1 / s_enc)), FLT_MAX), saturated to 6 and rounded, dequantized by
-    scale * amax * (1 / 2688)."""
+    its kernels in numpy float32 with ml_dtypes' E4M3 and E2M1: s_enc = 448 * 6 / amax clamped to FLT_MAX,
+    1 for zeros (compute_global_encode_scaling_factor_FP4, cast/nvfp4/core_nvfp4.cuh), s_dec = 1.0 / s_enc
+    (a double division, quantize_transpose_nvfp4.cuh), block scale E4M3(amax_b * (s_enc * (1 / 6)))
+    saturating at 448 (compute_decoding_scaling_factor), elements times min(1 / (scale * s_dec), FLT_MAX),
+    saturated to 6 and rounded; dequantized by scale * amax * (1 / 2688) (dequantize_nvfp4.cuh; where that
+    overflows, scale * (amax * (1 / 2688)): gradcomp's order there), which `decode="te"` returns. By default
+    gradcomp's deviation (`gradcomp.block_format`): a block of non-zero scale whose s_enc or element factor
+    was clamped decodes by the factor's reciprocal, scale * s_dec, or 2^-128 where the factor was clamped."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
+    return _te_parts(x, decode, ml_dtypes)[0]
+
+
+def _te_parts(x: np.ndarray, decode: str, ml_dtypes) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_te_nvfp4`'s (result, each row's element factor, each row's decode factor)."""
     f32, biggest = np.float32, np.finfo(np.float32).max
     amax = np.abs(x).max()
-    with np.errstate(divide="ignore", over="ignore"):
-        s_enc = min(f32(448.0 * 6.0) / amax, biggest) if amax > 0 else f32(1.0)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        unclamped = f32(448.0 * 6.0) / amax
+        s_enc = min(unclamped, biggest) if amax > 0 else f32(1.0)
         s_enc = s_enc if s_enc > 0 else f32(1.0)
+        s_dec = f32(1.0 / np.float64(s_enc))
         scale = np.abs(x).max(axis=1) * (s_enc * (f32(1.0) / f32(6.0)))
         scale = np.minimum(scale, f32(448.0)).astype(ml_dtypes.float8_e4m3fn).astype(f32)
-        coefficient = np.minimum(f32(1.0) / (scale * (f32(1.0) / s_enc)), biggest).astype(f32)
+        product = (scale * s_dec).astype(f32)
+        inverse = (f32(1.0) / product).astype(f32)
+        coefficient = np.minimum(inverse, biggest).astype(f32)
         scaled = np.clip(x * coefficient[:, None], -6.0, 6.0).astype(f32)
+        final = (scale * amax * f32(1.0 / (6.0 * 448.0))).astype(f32)
+        final = np.where(np.isfinite(final), final, scale * (amax * f32(1.0 / (6.0 * 448.0)))).astype(f32)
+    if decode == "gradcomp":
+        clamped = (scale > 0) & ((unclamped > biggest) | (inverse > biggest))
+        final = np.where(clamped, np.where(inverse > biggest, f32(2.0**-128), product), final).astype(f32)
     q = scaled.astype(ml_dtypes.float4_e2m1fn).astype(f32)
-    final = scale * amax * f32(1.0 / (6.0 * 448.0))
-    return (q * final[:, None]).astype(f32)
+    return (q * final[:, None]).astype(f32), coefficient, final
 
 
 def test_te_nvfp4_is_transformer_engines_cast():
@@ -338,6 +355,106 @@ def test_te_nvfp4_beyond_float32_over_448_stays_finite():
 
 def test_te_nvfp4_beyond_float32_over_448_matches_on_both_backends(kernel_device):
     _same_on_both_backends(torch.linspace(-1, 1, 64).reshape(4, 16) * 3e38, **NVFP4, scale_rule="te")
+
+
+# largest magnitudes across TE's and Four Over Six's regimes: encode scale unclamped (element factors clamped
+# for small blocks below about 4e-33), clamped to FLT_MAX (below 2688 / FLT_MAX = 7.9e-36, and 1536 / FLT_MAX
+# = 4.5e-36), every element factor clamped (below 6 * 2^-128 = 1.8e-38), float32 subnormals, every block
+# scale zero (below 1.7e-41), the smallest subnormal, zeros; and near FLT_MAX
+EXTREME_MAGNITUDES = [3e38, 1.0, 1e-30, 4e-33, 2e-33, 1e-35, 7.9e-36, 4e-36, 1e-36, 1e-37, 1e-38, 1e-39,
+                      1e-40, 3e-41, 1e-41, 1e-45, 0.0]  # fmt: skip
+
+
+def _extreme(magnitude: float) -> torch.Tensor:
+    """`_awkward` data (its specials zeroed) with largest magnitude `magnitude` (rounded to float32)."""
+    x = _awkward((24, 64))
+    x = torch.where(torch.isfinite(x), x, 0.0)
+    return (x.double() / x.abs().max() * magnitude).float()
+
+
+def _e2m1_neighbours(scaled: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The E2M1 grid values just below and just above |scaled| (equal on the grid; 6 beyond it)."""
+    grid = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+    magnitude = np.minimum(np.abs(scaled), np.float32(6.0))
+    above = np.searchsorted(grid, magnitude, side="left")
+    below = np.searchsorted(grid, magnitude, side="right") - 1
+    return grid[below], grid[np.minimum(above, len(grid) - 1)]
+
+
+def test_te_nvfp4_on_tiny_tensors_is_tes_cast_decoded_by_the_factor_it_encoded_with():
+    """TE clamps its encode scale 2688 / amax (below 7.9e-36) and each block's element factor (where the
+    block's scale times 1 / s_enc is at most 2^-128) to FLT_MAX, but dequantizes by scale * amax / 2688: its
+    values shrink (the transcription's TE decode: E[out] about 0.12 x at 1e-36). gradcomp keeps TE's FP4
+    values and E4M3 scales and decodes those blocks by the reciprocal of the factor (`gradcomp.block_format`):
+    bit for bit the transcription, nearest rounding, without and with the transform (the transcription on
+    the transformed values, transformed back); stochastic rounding lands on the decode factor times one of
+    the two E2M1 neighbours of x times the factor; TE's own decode wherever no clamp acted."""
+    ml_dtypes = pytest.importorskip("ml_dtypes")
+    for magnitude in EXTREME_MAGNITUDES:
+        x = _extreme(magnitude)
+        rows = x.numpy().reshape(-1, 16)
+        got = quantize_block(x, **NVFP4, scale_rule="te")
+        assert torch.equal(_bits(got), _bits(torch.from_numpy(_te_nvfp4(rows)).view(x.shape))), magnitude
+        tes, _, te_decode = _te_parts(rows, "te", ml_dtypes)
+        ours, factor, decode = _te_parts(rows, "gradcomp", ml_dtypes)
+        same = decode == te_decode  # no clamp acted (or a zero scale)
+        assert np.array_equal(tes[same].view(np.int32), ours[same].view(np.int32))
+        # where one did, TE's decode shrinks the values, gradcomp's undoes the factor (to float32 rounding)
+        assert (te_decode[~same] < decode[~same]).all()
+        assert (np.abs(decode[~same].astype(np.float64) * factor[~same] - 1) <= 2.0**-23).all()
+        if magnitude >= 1e-30 or magnitude < 1.7e-41:  # nothing clamped, or every scale zero
+            assert same.all(), magnitude
+        elif magnitude < 7.9e-36:  # the encode scale clamped
+            assert not same[decode > 0].any(), magnitude
+        if magnitude < 3e38:  # the transform of values near FLT_MAX overflows (te does not prescale)
+            transformed = hadamard(x, 16, seed=7)
+            expected = _te_nvfp4(transformed.numpy().reshape(-1, 16))
+            expected = hadamard_inverse(torch.from_numpy(expected).view(x.shape), 16, seed=7)
+            got = quantize_block(x, **NVFP4, scale_rule="te", hadamard=16, signs=7)
+            assert torch.equal(_bits(got), _bits(expected)), magnitude
+        for seed in (1, 2):
+            out = quantize_block(x, **NVFP4, scale_rule="te", rounding="stochastic", seed=seed).numpy()
+            below, above = _e2m1_neighbours(rows * factor[:, None])
+            magnitudes = np.abs(out.reshape(-1, 16))
+            assert (
+                (magnitudes == below * decode[:, None]) | (magnitudes == above * decode[:, None])
+            ).all(), magnitude
+
+
+def test_four_over_six_on_tiny_and_huge_tensors_is_finite_and_its_rule():
+    """Its authors' code divides 1536 by amax unclamped (NaN from their reference below 4.5e-36) and clamps
+    the element factor only in their CUDA kernel; gradcomp clamps both as TE's Four Over Six does (before,
+    a zero beside a block of small scale gave 0 * inf = NaN below about 2e-33) and decodes a block whose
+    encode scale or factor was clamped by the factor's reciprocal, as the `te` rule does: bit for bit the
+    transcription (nearest; with the transform too), finite, and not shrunk."""
+    for magnitude in EXTREME_MAGNITUDES:
+        x = _extreme(magnitude)
+        x[1, :16] *= 1e-3  # a block of small scale beside zeros
+        for rounding in ("nearest", "stochastic"):
+            out = quantize_block(x, **NVFP4, scale_rule="four_over_six", rounding=rounding, seed=3)
+            assert torch.isfinite(out).all(), (magnitude, rounding)
+        got = quantize_block(x, **NVFP4, scale_rule="four_over_six")
+        expected = torch.from_numpy(_four_over_six(x.numpy().reshape(-1, 16))).view(x.shape)
+        assert torch.equal(_bits(got), _bits(expected)), magnitude
+        if magnitude < 3e38:
+            transformed = hadamard(x, 16, seed=7)
+            expected = _four_over_six(transformed.numpy().reshape(-1, 16))
+            expected = hadamard_inverse(torch.from_numpy(expected).view(x.shape), 16, seed=7)
+            got = quantize_block(x, **NVFP4, scale_rule="four_over_six", hadamard=16, signs=7)
+            assert torch.equal(_bits(got), _bits(expected)), magnitude
+
+
+@pytest.mark.parametrize("rule", ["te", "four_over_six"])
+def test_tiny_and_huge_tensors_match_on_both_backends(kernel_device, rule):
+    for magnitude in EXTREME_MAGNITUDES:
+        x = _extreme(magnitude)
+        x[1, :16] *= 1e-3
+        for rounding, hadamard_size in (("nearest", 0), ("stochastic", 0), ("stochastic", 16)):
+            if hadamard_size and magnitude == 3e38:
+                continue  # its transform overflows: non-finite (the module), compared elsewhere
+            _same_on_both_backends(
+                x, **NVFP4, scale_rule=rule, rounding=rounding, seed=4, hadamard=hadamard_size
+            )
 
 
 def test_elements_land_on_the_grid_times_the_scale_and_saturate():
@@ -712,20 +829,34 @@ def _four_over_six(x: np.ndarray) -> np.ndarray:
     ml_dtypes' E4M3 and E2M1: e = 1536 / amax, s6 = E4M3((amax_b / 6) * e), s4 = E4M3(that * 1.5), elements
     x * (1 / ((1 / e) * s)) (0 where s = 0) saturated to 6 and rounded, dequantized ((q * s) * amax) / 1536,
     the candidate with the smaller sum of squared errors (s6 on ties); the sum in pairs of neighbours, then
-    of neighbouring pairs, as gradcomp fixes the order the authors leave to each backend."""
+    of neighbouring pairs, as gradcomp fixes the order the authors leave to each backend. On tiny tensors,
+    where the authors' code overflows (e = inf: NaN from their reference), gradcomp's rule
+    (`gradcomp.block_format`): e clamped to FLT_MAX as TE's own Four Over Six clamps it
+    (compute_global_encode_scaling_factor_FP4<256>), the element factor 1 / ((1 / e) * s) clamped to FLT_MAX
+    as the authors' CUDA kernel and TE clamp it, and a block of non-zero s whose e or factor was clamped
+    dequantized by the factor's reciprocal, (1 / e) * s, or 2^-128 where the factor was clamped. Where
+    ((q * s) * amax) overflows: q * s * (amax / 1536), gradcomp's order there."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
-    f32 = np.float32
+    f32, biggest = np.float32, np.finfo(np.float32).max
     amax = np.abs(x).max()
     with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
-        encode = min(f32(1536.0) / amax, np.finfo(f32).max)
+        unclamped = f32(1536.0) / amax
+        encode = min(unclamped, biggest)
         decode = f32(1.0) / encode
         six = (np.abs(x).max(axis=1) / f32(6.0)) * encode
         results, errors = [], []
         for high in (six, (six * f32(1.5)).astype(f32)):
             scale = high.astype(ml_dtypes.float8_e4m3fn).astype(f32)[:, None]
-            scaled = np.where(scale > 0, x * (f32(1.0) / (decode * scale)), f32(0.0)).astype(f32)
+            product = (decode * scale).astype(f32)
+            inverse = (f32(1.0) / product).astype(f32)
+            factor = np.minimum(inverse, biggest).astype(f32)
+            scaled = np.where(scale > 0, x * factor, f32(0.0)).astype(f32)
             q = np.clip(scaled, -6.0, 6.0).astype(f32).astype(ml_dtypes.float4_e2m1fn).astype(f32)
             out = ((q * scale) * amax / f32(1536.0)).astype(f32)
+            out = np.where(np.isfinite(out), out, q * scale * (amax / f32(1536.0))).astype(f32)
+            clamped = (scale > 0) & ((unclamped > biggest) | (inverse > biggest))
+            reciprocal = np.where(inverse > biggest, f32(2.0**-128), product).astype(f32)
+            out = np.where(clamped, q * reciprocal, out).astype(f32)
             error = ((out - x) ** 2).astype(f32)
             while error.shape[1] > 1:
                 error = error[:, 0::2] + error[:, 1::2]

@@ -160,6 +160,26 @@ def test_compiled_block_quantization_is_bit_exact(monkeypatch, options, rounding
         assert int(compiled_zeros) == int(eager_zeros) == int((eager == 0).sum())
 
 
+def test_compiled_te_on_tiny_tensors_is_bit_exact(monkeypatch):
+    """TE's rule where its encode scale (below 7.9e-36) and element factors (below 1.8e-38) are clamped to
+    FLT_MAX and decoded by their reciprocals, down to float32 subnormals: the compiled path keeps the
+    subnormals and the decode as eagerly (BLOCK_CASES' te case: the same compiled function)."""
+    options, rounding = BLOCK_CASES[3]
+    assert options["scale_rule"] == "te"
+    x = lognormal_gradient((20_000, 32), sigma=2.0)  # with specials: they pass through
+    peak = x[torch.isfinite(x)].abs().max().double()
+    for magnitude in (1e-36, 1e-38, 3e-41):
+        tensor = (x.double() / peak * magnitude).float()
+
+        def quantize(tensor=tensor):
+            zeros = torch.zeros((), dtype=torch.int64)
+            return quantize_block(tensor, rounding=rounding, seed=9, count_zeros_into=zeros, **options), zeros
+
+        (eager, eager_zeros), (compiled, compiled_zeros) = _both(monkeypatch, quantize)
+        assert same_bits(compiled, eager) and int(compiled_zeros) == int(eager_zeros), magnitude
+        assert (eager[torch.isfinite(eager)] != 0).any()
+
+
 def test_a_failed_compile_of_a_per_layout_function_warns_and_runs_eagerly(monkeypatch):
     def fail(*args, **kwargs):
         raise RuntimeError("no C++ compiler")

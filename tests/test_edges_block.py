@@ -89,6 +89,60 @@ def test_stochastic_rounding_is_unbiased_under_its_default_rule(options):
     assert abs(projection.mean().item() - 1) <= 5 * standard_error.item() + 1e-9
 
 
+# Each block's largest (transformed) magnitude m: TE's encode scale s_enc = 2688 / m unclamped (1, 2e-33,
+# 1e-35), then clamped to FLT_MAX (below 7.9e-36), with m just below v * 6 / FLT_MAX so that the block scale
+# E4M3(m FLT_MAX / 6) is v and nothing saturates, the element factor clamped too where v <= 1 (m <= 1.8e-38),
+# down to v = 2^-9, E4M3's smallest value (m = 3.4e-41, a float32 subnormal).
+TINY_SCALES = [256.0, 16.0, 1.0, 2.0**-4, 2.0**-9]
+TINY = [1.0, 2e-33, 1e-35] + [v * 6 / FLOAT32_MAX * (1 - 2.0**-20) for v in TINY_SCALES]
+TINY_CASES = [(magnitude, "te") for magnitude in TINY] + [
+    (magnitude, "four_over_six")
+    for magnitude in TINY
+    if magnitude < 1e-20  # biased above: see below
+]
+
+
+@pytest.mark.parametrize("hadamard", [0, 16])
+@pytest.mark.parametrize(
+    ("magnitude", "rule"), TINY_CASES, ids=lambda v: f"{v:.1e}" if isinstance(v, float) else v
+)
+def test_te_and_four_over_six_stay_unbiased_down_to_float32_subnormals(magnitude, rule, hadamard):
+    """TE clamps its encode scale 2688 / amax to FLT_MAX below 7.9e-36 but dequantizes by amax / 2688: its
+    values shrink there (E[out] = 0.12 x at 1e-36, under 0.001 x at 1e-38); gradcomp decodes such blocks by
+    the reciprocal of the factor their elements were multiplied by (`gradcomp.block_format`). With every
+    block's largest transformed magnitude m (so that no block scale rounds down and saturates its largest
+    value), the projection of E[out] on x, sum(E[out] x) / sum(x^2), is 1 within 5 standard errors of its mean
+    over 300 draws plus 1e-6 (float32 rounding; the transform's in float32 subnormals), at every m from 1 down
+    to 3.4e-41: TE's regimes of the module. Four Over Six only below about 1e-20 (at 1, its choice between the
+    candidates depends on the draw: biased), where its float32 squared errors underflow and every block takes
+    its 6 candidate. Below 6 * 2^-138 (1.7e-41) the largest block's E4M3 scale underflows: all zero."""
+    generator = torch.Generator().manual_seed(1)
+    ratios = torch.rand(64, 16, generator=generator, dtype=torch.float64) * 2 - 1
+    largest = (torch.arange(64), ratios.abs().argmax(1))
+    ratios[largest] = ratios[largest].sign()
+    y = (ratios * magnitude).float()  # what the format sees: each block's largest magnitude m exactly
+    x = hadamard_inverse(y, hadamard, seed=5) if hadamard else y
+    options = {**NVFP4, "scale_rule": rule, "hadamard": hadamard, "signs": 5, "backend": "torch"}
+    draws = torch.stack([quantize_block(x, rounding="stochastic", seed=s, **options) for s in range(300)])
+    projection = (draws.double() * x.double()).sum((1, 2)) / x.double().square().sum()
+    standard_error = projection.std() / math.sqrt(len(projection))
+    assert abs(projection.mean().item() - 1) <= 5 * standard_error.item() + 1e-6, projection.mean().item()
+
+
+@pytest.mark.parametrize("rule", ["te", "four_over_six"])
+def test_te_and_four_over_six_flush_a_tensor_whose_largest_block_scale_underflows(rule):
+    """Where TE's cast (and Four Over Six's) stops being unbiased on tiny tensors: below 6 * 2^-138
+    (1.7e-41) even the largest block's E4M3 scale E4M3(amax FLT_MAX / 6) is zero, and a block of zero scale
+    decodes to zero (as in TE: the documented underflow of small blocks); just above, it is not (its
+    elements, x FLT_MAX < 0.01, round up to 0.5 with that probability: 20 draws)."""
+    limit = 6 * 2.0**-138
+    for magnitude, zero in ((limit * 0.99, True), (1e-44, True), (limit * 1.2, False)):
+        x = (torch.linspace(-1, 1, 64).reshape(4, 16).double() * magnitude).float()
+        options = {**NVFP4, "scale_rule": rule, "rounding": "stochastic"}
+        out = torch.stack([quantize_block(x, **options, seed=s) for s in range(20)])
+        assert bool((out == 0).all()) == zero, magnitude
+
+
 def test_the_floor_rule_is_refused_with_stochastic_rounding():
     with pytest.raises(ValueError, match="biased"):
         quantize_block(torch.ones(32), "e2m1fn", rounding="stochastic", scale_rule="floor")
@@ -175,6 +229,8 @@ BLOCK_OPTIONS = st.sampled_from(
         {**NVFP4, "hadamard": 8, "scale_rule": "ceil"},
         {**NVFP4, "rounding": "stochastic", "scale_rule": "reciprocal"},
         {**NVFP4, "scale": "float8_e3m4", "hadamard": 16, "scale_rule": "reciprocal"},
+        {**NVFP4, "rounding": "stochastic", "scale_rule": "te"},
+        {**NVFP4, "scale_rule": "four_over_six"},
     ]
 )
 

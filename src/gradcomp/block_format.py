@@ -31,24 +31,45 @@ a scale format:
   gets r = smallest normal), so that the two rules clamp the same blocks and differ only in which number the
   scale format rounds. A reciprocal rounded up saturates the block's largest values, as ``floor``'s scale
   rounded down does; stochastic rounding is allowed, as FP4 All the Way trains with it, and is biased
-  there. ``rule="te"`` (E4M3 only):
-  Transformer Engine's NVFP4 cast (`te_constants`): the encode scale s_enc = 448 * max_value / amax(tensor) (1
-  for a tensor of zeros), each block's decode scale amax(block) * (s_enc * (1 / max_value)) rounded to nearest
-  E4M3 and saturating at 448 but not clamped below, so a block whose scale underflows E4M3 decodes to zero;
-  elements multiplied by 1 / (decode * (1 / s_enc)), the rounded values by decode * amax(tensor) * (1 / (448 *
-  max_value)) (TE's dequantization; where amax(tensor) exceeds float32's largest value / 448 that product
-  overflows in TE, and is taken as decode * (amax(tensor) * (1 / (448 * max_value))) instead). It rounds the
-  scale to nearest, so with stochastic rounding a block's largest values may saturate and E[out] < x there, as
-  in TE's recipe. ``rule="four_over_six"`` (E2M1 elements, E4M3 scale; Four Over Six, arXiv 2512.02010, as
-  its authors' code computes it: mit-han-lab/fouroversix, `nvfp4_fouroversix_block_scaled_quantization`):
-  the encode scale e = min(1536 / amax(tensor), float32's largest) (6 * 256, so that a block scale times 1.5
-  still fits E4M3), each block's two candidate scales s6 = E4M3((amax(block) / 6) * e) and s4 = E4M3(that
-  product * 1.5) (nearest, subnormals kept, no clamp), elements times 1 / ((1 / e) * s) (0 where s = 0)
-  rounded and saturated to 6, dequantized as ((q * s) * amax(tensor)) / 1536 (where that overflows float32,
-  q * s * (amax(tensor) / 1536)); the block takes s4 where its sum of squared errors is strictly smaller
-  (summed in pairs: neighbours first, then neighbouring pairs, the same on both backends). With stochastic
-  rounding both candidates see the same random bits, as in the authors' kernels; the choice then depends on
-  the draw, so the result is not unbiased.
+  there. ``rule="te"`` (E4M3 only): Transformer Engine's NVFP4 cast (`te_constants`; TE's
+  transformer_engine/common/cast/nvfp4/): the encode scale s_enc = 448 * max_value / amax(tensor) clamped to
+  float32's largest value FLT_MAX (1 for a tensor of zeros; core_nvfp4.cuh,
+  `compute_global_encode_scaling_factor_FP4`), each block's decode scale amax(block) * (s_enc * (1 /
+  max_value)) rounded to nearest E4M3 and saturating at 448 but not clamped below, so a block whose scale
+  underflows E4M3 decodes to zero (`compute_decoding_scaling_factor`); elements multiplied by the factor min(1
+  / (decode * (1 / s_enc)), FLT_MAX) (quantize_transpose_nvfp4.cuh), the rounded values by decode *
+  amax(tensor) * (1 / (448 * max_value)) (TE's dequantization, dequantize_nvfp4.cuh `dequantize_fp4_kernel`,
+  as its GEMMs' alpha amax_A amax_B / 2688^2; where amax(tensor) exceeds FLT_MAX / 448 that product overflows
+  in TE, and is taken as decode * (amax(tensor) * (1 / (448 * max_value))) instead). One deviation, where TE's
+  own result is silently wrong: its decode does not see its two clamps, so where s_enc was clamped
+  (amax(tensor) < 2688 / FLT_MAX = 7.9e-36) or a block's factor was (decode * (1 / s_enc) at most 2^-128:
+  every block below amax(tensor) = 6 * 2^-128 = 1.8e-38, blocks far below the largest from about 4e-33) TE's
+  values shrink, by amax(tensor) FLT_MAX / 2688 or decode (1 / s_enc) FLT_MAX (E[out] = 0.12 x at 1e-36, under
+  0.001 x at 1e-38). gradcomp decodes such a block (of non-zero scale) by the reciprocal of the factor its
+  elements were multiplied by, decode * (1 / s_enc), or 2^-128 where the factor was clamped (both exact): the
+  FP4 values and E4M3 scales stay TE's bit for bit, only their decode differs. Where the factor was clamped
+  the elements are x * FLT_MAX on E2M1's grid, a step of 2^-129 in x, so that nearest rounding flushes values
+  below 2^-130 (7e-40); below 6 * 2^-138 = 1.7e-41 even the largest block's scale underflows and the tensor
+  decodes to zero. The scale is rounded to nearest, so with stochastic rounding a block's largest values may
+  saturate and E[out] < x there, as in TE's recipe; elsewhere E[out] = x at every magnitude down to 1.7e-41.
+  ``rule="four_over_six"`` (E2M1 elements, E4M3 scale; Four Over Six, arXiv 2512.02010, as its authors' code
+  computes it: mit-han-lab/fouroversix, quantize/pytorch/reference.py and the Triton kernel,
+  `nvfp4_fouroversix_block_scaled_quantization`): the encode scale e = 1536 / amax(tensor) (6 * 256, so that a
+  block scale times 1.5 still fits E4M3) clamped to FLT_MAX as TE's own Four Over Six clamps it
+  (quantize_4over6_nvfp4.cuh, `compute_scale_pair`; the authors' code does not: below 1536 / FLT_MAX = 4.5e-36
+  their reference returns NaN and their Triton kernel multiplies the elements by 1 / (0 * s)), each block's
+  two candidate scales s6 = E4M3((amax(block) / 6) * e) and s4 = E4M3(that product * 1.5) (nearest, subnormals
+  kept, no clamp), elements times the factor min(1 / ((1 / e) * s), FLT_MAX) (0 where s = 0; clamped as the
+  authors' CUDA kernel, csrc/include/utils.h `Fp4ArrayQuant::convert`, and TE clamp it, where an unclamped
+  factor made 0 * inf = NaN below about 2e-33) rounded and saturated to 6, dequantized as ((q * s) *
+  amax(tensor)) / 1536 (where that overflows float32, q * s * (amax(tensor) / 1536)), or where e or the factor
+  was clamped and s > 0 as q times the factor's reciprocal, (1 / e) * s or 2^-128 (the deviation of ``te``,
+  for the same reason); the block takes s4 where its sum of squared errors is strictly smaller (summed in
+  pairs: neighbours first, then neighbouring pairs, the same on both backends). With stochastic rounding both
+  candidates see the same random bits, as in the authors' kernels; the choice then depends on the draw, so the
+  result is not unbiased. The squared errors are float32 as in the authors' code: where amax(tensor) is below
+  about 1e-20 they underflow to zero, every block takes s6 (a tie), and stochastic rounding is unbiased as
+  under ``te`` (down to 1.7e-41, where s6 underflows for every block).
 
 ``outer`` (two-level scales, torchao's rule): the float32 scale is taken per outer block of `outer`
 consecutive elements along the blocked axis (a multiple of the block size; TetraJet-v2's 128 over NVFP4's
@@ -78,6 +99,7 @@ from gradcomp.formats import DTYPE_FORMATS, DTYPE_LOOKALIKES, FPFormat, parse_fo
 SCALE_BITS = 8  # every scale format
 NVFP4_SCALE_MAX = 448.0  # E4M3's largest value: TE's per-tensor scale puts the largest block scale there
 FLOAT32_MAX = float(np.finfo(np.float32).max)  # TE's scales saturate here (1 / 0 for a zero block scale)
+FLOAT32_MAX_RECIPROCAL = 2.0**-128  # 1 / FLOAT32_MAX rounded to float32 (a subnormal)
 SCALE_LABELS = {"e8m0fnu": "E8M0", "e4m3fn": "E4M3", "float8_e3m4": "E3M4", "e5m3fnu": "UE5M3"}
 
 

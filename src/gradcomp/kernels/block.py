@@ -147,21 +147,20 @@ def _block_kernel(
             )
     elif FOUR_OVER_SIX:
         largest = tl.load(tensor_scale_ptr)
-        encode = tl.minimum(
-            tl.math.div_rn(tl.zeros_like(largest) + FOUR_OVER_SIX_ENCODE, largest), FLOAT32_MAX
-        )
+        unclamped = tl.math.div_rn(tl.zeros_like(largest) + FOUR_OVER_SIX_ENCODE, largest)
+        encode = tl.minimum(unclamped, FLOAT32_MAX)
         decode = tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
         six = tl.math.div_rn(amax, MAX_VALUE) * encode
         random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
         out6, scale6, error6 = _four_over_six_candidate(
-            magnitude, six, decode, largest, random, ROWS, SIZE, STAGES, MAX_VALUE, DISCARD,
-            TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD, S_TIE_OFFSET,
-            S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
+            magnitude, six, decode, unclamped, largest, random, ROWS, SIZE, FLOAT32_MAX, STAGES, MAX_VALUE,
+            DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD,
+            S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
         )  # fmt: skip
         out4, scale4, error4 = _four_over_six_candidate(
-            magnitude, six * 1.5, decode, largest, random, ROWS, SIZE, STAGES, MAX_VALUE, DISCARD,
-            TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD, S_TIE_OFFSET,
-            S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
+            magnitude, six * 1.5, decode, unclamped, largest, random, ROWS, SIZE, FLOAT32_MAX, STAGES,
+            MAX_VALUE, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD,
+            S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
         )  # fmt: skip
         four = error4 < error6
         # a block at a zero scale has +0 elements (the authors' code): no sign to keep
@@ -174,18 +173,21 @@ def _block_kernel(
     else:
         if TE:
             largest = tl.load(tensor_scale_ptr)
-            encode = tl.minimum(tl.math.div_rn(tl.zeros_like(largest) + TE_ENCODE, largest), FLOAT32_MAX)
+            unclamped = tl.math.div_rn(tl.zeros_like(largest) + TE_ENCODE, largest)
+            encode = tl.minimum(unclamped, FLOAT32_MAX)
             encode = tl.where((largest > 0.0) & (encode > 0.0), encode, 1.0)
             block_scale = tl.minimum(amax * (encode * TE_RECIPROCAL), SCALE_MAX)
             block_scale = _round_magnitude(
                 block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
                 S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
             )  # fmt: skip
-            decode = block_scale * tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
-            coefficient = tl.minimum(tl.math.div_rn(tl.zeros_like(decode) + 1.0, decode), FLOAT32_MAX)
-            scaled = magnitude * coefficient
+            product = block_scale * tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
+            inverse = tl.math.div_rn(tl.zeros_like(product) + 1.0, product)
+            scaled = magnitude * tl.minimum(inverse, FLOAT32_MAX)
             total = block_scale * largest * TE_DECODE
             total = tl.where(tl.abs(total) < float("inf"), total, block_scale * (largest * TE_DECODE))
+            clamped, reciprocal = _clamped(block_scale, unclamped, product, inverse, FLOAT32_MAX)
+            total = tl.where(clamped, reciprocal, total)
         elif PER_TENSOR:
             if OUTER_ROWS > 0:  # each outer block's float32 scale from its rows (whole within the tile)
                 ratio = tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale
@@ -266,8 +268,9 @@ def _finish(out, transformed, values, raw, finite, signs, unscale, offsets, insi
 
 
 @triton.jit
-def _four_over_six_candidate(magnitude, high, decode, largest, random, ROWS: tl.constexpr, SIZE: tl.constexpr,
-                             STAGES: tl.constexpr, MAX_VALUE: tl.constexpr, DISCARD: tl.constexpr,
+def _four_over_six_candidate(magnitude, high, decode, unclamped, largest, random, ROWS: tl.constexpr,
+                             SIZE: tl.constexpr, FLOAT32_MAX: tl.constexpr, STAGES: tl.constexpr,
+                             MAX_VALUE: tl.constexpr, DISCARD: tl.constexpr,
                              TIE_OFFSET: tl.constexpr, MIN_NORMAL_BITS: tl.constexpr, MAGIC: tl.constexpr,
                              TO_Q0: tl.constexpr, TO_Q1: tl.constexpr, FROM_Q0: tl.constexpr,
                              FROM_Q1: tl.constexpr, S_DISCARD: tl.constexpr, S_TIE_OFFSET: tl.constexpr,
@@ -280,8 +283,9 @@ def _four_over_six_candidate(magnitude, high, decode, largest, random, ROWS: tl.
         high, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0,
         S_FROM_Q1, False,
     )  # fmt: skip
-    inverse = tl.math.div_rn(tl.zeros_like(scale) + 1.0, decode * scale)
-    scaled = tl.where(scale > 0.0, magnitude * inverse, 0.0)
+    decoded = decode * scale
+    inverse = tl.math.div_rn(tl.zeros_like(decoded) + 1.0, decoded)
+    scaled = tl.where(scale > 0.0, magnitude * tl.minimum(inverse, FLOAT32_MAX), 0.0)
     rounded = _round_magnitude(
         tl.minimum(scaled, MAX_VALUE), random, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC,
         TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, STOCHASTIC,
@@ -290,6 +294,8 @@ def _four_over_six_candidate(magnitude, high, decode, largest, random, ROWS: tl.
     out = tl.math.div_rn(product * largest, tl.zeros_like(product) + FOUR_OVER_SIX_ENCODE)
     other = product * tl.math.div_rn(largest, FOUR_OVER_SIX_ENCODE)
     out = tl.where(tl.abs(out) < float("inf"), out, other)
+    clamped, reciprocal = _clamped(scale, unclamped, decoded, inverse, FLOAT32_MAX)
+    out = tl.where(clamped, rounded * reciprocal, out)
     error = (out - magnitude) * (out - magnitude)
     for stage in tl.static_range(STAGES):  # pairwise, in place: every element ends with its row's sum
         half: tl.constexpr = 1 << stage
@@ -298,6 +304,17 @@ def _four_over_six_candidate(magnitude, high, decode, largest, random, ROWS: tl.
         pairs = tl.permute(tl.join(first + second, first + second), (0, 1, 3, 2))
         error = tl.reshape(pairs, [ROWS, SIZE])
     return out, scale, tl.max(error, 1)[:, None]
+
+
+@triton.jit
+def _clamped(block_scale, unclamped, product, inverse, FLOAT32_MAX: tl.constexpr):
+    """`gradcomp.ops.block._clamped`: (where a block of non-zero scale was encoded with a clamped encode
+    scale or element factor, the reciprocal of its element factor: `product` or 2^-128)."""
+    factor_clamped = inverse > FLOAT32_MAX
+    encode_clamped = (tl.zeros_like(inverse) + unclamped) > FLOAT32_MAX  # a tensor (the interpreter's |)
+    clamped = (block_scale > 0.0) & (encode_clamped | factor_clamped)
+    reciprocal = tl.where(factor_clamped, 1 << 21, product.to(tl.int32, bitcast=True))  # 2^-128's bits
+    return clamped, reciprocal.to(tl.float32, bitcast=True)
 
 
 @triton.jit

@@ -14,9 +14,13 @@ saturating at its largest value, and multiplied back by their scale. Everything 
   s * (block scale) (rounded product and quotient), the rounded values multiplied by it: torchao's reference
   operations in its order;
 * NVFP4 with scale_rule "te": Transformer Engine's operations in its order (`gradcomp.block_format`): no
-  lower clamp, so blocks whose scale underflows E4M3 decode to zero;
+  lower clamp, so blocks whose scale underflows E4M3 decode to zero; on tiny tensors, where TE clamps its
+  encode scale or a block's element factor to float32's largest value and its decode would shrink the
+  values, such blocks decode by the reciprocal of that factor (gradcomp's one deviation: `_clamped`);
 * NVFP4 with scale_rule "four_over_six": its authors' operations in their order (`gradcomp.block_format`),
-  both candidates quantized and the one of smaller squared error kept;
+  both candidates quantized and the one of smaller squared error kept; the encode scale and the element
+  factors clamped to float32's largest value (as TE's Four Over Six does; the authors' code overflows to NaN
+  or infinity on tiny tensors) and decoded as under "te" where they were;
 * two-level scales with scale_rule "reciprocal": torchao's ratio of each block, its reciprocal C / ratio
   rounded to the scale format, the block scale s * (C / rounded) (`gradcomp.block_format`).
 
@@ -57,6 +61,7 @@ from gradcomp._backend import (
 )
 from gradcomp.block_format import (
     FLOAT32_MAX,
+    FLOAT32_MAX_RECIPROCAL,
     FOUR_OVER_SIX_ENCODE,
     NVFP4_SCALE_MAX,
     BlockFormat,
@@ -96,7 +101,8 @@ def quantize_block(
     (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX), or a two-level scale: "e4m3fn" (NVFP4), "float8_e3m4" or
     "e5m3fnu" (UE5M3); scale_rule: "floor"
     (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao), "ceil" (nothing saturates), "te"
-    (NVFP4 as Transformer Engine casts it; stochastic rounding allowed, biased where blocks saturate),
+    (NVFP4 as Transformer Engine casts it, decoded by its own element factors where TE's decode would shrink
+    tiny tensors; stochastic rounding allowed, biased where blocks saturate),
     "three_quarters" (MX, Tseng et al.'s 3/4 prescale), "four_over_six" (NVFP4, each block's largest value
     mapped to 6 or 4) or "reciprocal" (two-level scales, the block scale's reciprocal rounded: FP4 All the
     Way's variant; `gradcomp.block_format` defines each), None
@@ -597,14 +603,33 @@ def _te_scales(
     coefficient and decode factor (float32), in TE's order of operations (`scale_plan`: E4M3's rounding);
     `largest`: the tensor's largest magnitude."""
     encode_max, reciprocal_max, decode_max = fmt.te_constants
-    encode = torch.clamp_max(constant_over(encode_max, largest), FLOAT32_MAX)
+    unclamped = constant_over(encode_max, largest)
+    encode = torch.clamp_max(unclamped, FLOAT32_MAX)
     encode = torch.where((largest > 0) & (encode > 0), encode, 1.0)
     block_scale = amax * (encode * reciprocal_max)
     block_scale = _round(torch.clamp_max(block_scale, NVFP4_SCALE_MAX), None, scale_plan, FLOAT32)
-    coefficient = torch.clamp_max(1.0 / (block_scale * (1.0 / encode)), FLOAT32_MAX)
+    product = block_scale * (1.0 / encode)
+    inverse = 1.0 / product
+    coefficient = torch.clamp_max(inverse, FLOAT32_MAX)
     decode = block_scale * largest * decode_max
     # TE's order overflows where the tensor's largest magnitude exceeds FLT_MAX / 448: the other order there
-    return coefficient, torch.where(torch.isfinite(decode), decode, block_scale * (largest * decode_max))
+    decode = torch.where(torch.isfinite(decode), decode, block_scale * (largest * decode_max))
+    clamped, reciprocal = _clamped(block_scale, unclamped, product, inverse)
+    return coefficient, torch.where(clamped, reciprocal, decode)
+
+
+def _clamped(
+    block_scale: Tensor, unclamped: Tensor, product: Tensor, inverse: Tensor
+) -> tuple[Tensor, Tensor]:
+    """Where gradcomp decodes TE's and Four Over Six's blocks otherwise than they do
+    (`gradcomp.block_format`): the blocks of non-zero scale where the encode scale (`unclamped`: its value
+    before the clamp to float32's largest) or the block's element factor (`inverse` = 1 / `product`,
+    `product` = block scale * (1 / encode)) overflowed and was clamped; and there the reciprocal of the
+    factor the elements were multiplied by: `product` (exact where the encode scale was clamped: 1 / FLT_MAX
+    is 2^-128), or 2^-128 where the factor was clamped."""
+    factor_clamped = inverse > FLOAT32_MAX
+    clamped = (block_scale > 0) & ((unclamped > FLOAT32_MAX) | factor_clamped)
+    return clamped, torch.where(factor_clamped, FLOAT32_MAX_RECIPROCAL, product)
 
 
 def _four_over_six(
@@ -618,18 +643,24 @@ def _four_over_six(
     """Four Over Six (`gradcomp.block_format`): (the magnitudes in units of the chosen scale, their rounded
     values, the dequantized magnitudes, the chosen E4M3 scale), each block at whichever of its two scales
     errs less; `largest`: the tensor's largest magnitude."""
-    encode = torch.clamp_max(constant_over(FOUR_OVER_SIX_ENCODE, largest), FLOAT32_MAX)
+    unclamped = constant_over(FOUR_OVER_SIX_ENCODE, largest)
+    encode = torch.clamp_max(unclamped, FLOAT32_MAX)
     decode = 1.0 / encode
     six = amax / plan.max_value * encode
     candidates = []
     for high in (six, six * 1.5):
         scale = _round(high, None, scale_plan, FLOAT32)
-        scaled = torch.where(scale > 0, magnitude * (1.0 / (decode * scale)), 0.0)
+        product = decode * scale
+        inverse = 1.0 / product
+        factor = torch.clamp_max(inverse, FLOAT32_MAX)  # as the authors' CUDA kernel and TE clamp it
+        scaled = torch.where(scale > 0, magnitude * factor, 0.0)
         rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
         dequantized = rounded * scale * largest / FOUR_OVER_SIX_ENCODE
         dequantized = torch.where(
             torch.isfinite(dequantized), dequantized, rounded * scale * (largest / FOUR_OVER_SIX_ENCODE)
         )
+        clamped, reciprocal = _clamped(scale, unclamped, product, inverse)
+        dequantized = torch.where(clamped, rounded * reciprocal, dequantized)
         error = pairwise_sum((dequantized - magnitude).square(), 2)
         candidates.append((scaled, rounded, dequantized, scale, error))
     *six_parts, six_error = candidates[0]
