@@ -16,7 +16,7 @@ SCALES = torch.arange(-40, 41, dtype=torch.float64)
 def layers(mu2: list[float], sigma2: list[float]) -> fp._Layers:
     names = [f"layer{i}" for i in range(len(mu2))]
     mu2_, sigma2_ = torch.tensor(mu2).double(), torch.tensor(sigma2).double()
-    return fp._Layers(names, mu2_, sigma2_, torch.ones(len(mu2)).double())
+    return fp._Layers(names, mu2_, sigma2_, torch.ones(len(mu2)).double(), torch.exp2(mu2_ + 4 * sigma2_))
 
 
 def windows(mine: fp._Layers, fmt: str) -> dict:

@@ -172,3 +172,12 @@ X = torch.randn(4, 8)
 def test_out_of_range_parameters_are_refused(call: Callable, error: type[Exception]) -> None:
     with pytest.raises(error):
         call()
+
+
+def test_an_empty_tensor_with_a_mask_fits_nothing():
+    """The torch path divided by the tensor's size for the masked share (ZeroDivisionError)."""
+    from gradcomp.ops.stats import fit_statistics
+
+    empty = torch.zeros(0)
+    _, fit, alpha = fit_statistics(empty, mask=empty, sparsity=0.5, backend="torch")
+    assert math.isnan(fit[2]) and fit[3] == 0 and alpha == 0

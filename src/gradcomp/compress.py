@@ -39,7 +39,14 @@ from gradcomp.ops import (
 )
 from gradcomp.ops.block import quantize_block_pair
 from gradcomp.ops.int_quant import quantize_columns
-from gradcomp.ops.stats import FIT_FIELDS, Calibration, add_zero_count, fit_statistics, log2_scale
+from gradcomp.ops.stats import (
+    FIT_FIELDS,
+    Calibration,
+    add_zero_count,
+    clip_free_log2_scale,
+    fit_statistics,
+    log2_scale,
+)
 from gradcomp.policies import NM, Block, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 from gradcomp.rng import resolve_seed
 from gradcomp.theory import fp as fp_theory
@@ -350,7 +357,9 @@ def _floating_point(policy: FloatingPoint, copy: GradientCopy, stats: LayerStats
         stats.overflow = magnitude * stats.scale > policy.fmt.max_value
     elif copy.refresh or stats.scale is None:
         points = scale_points(policy.fmt, policy.scaling, g.device)
-        stats.moments, stats.fit, _ = fit_statistics(g, scale_points=points, backend=copy.backend)
+        stats.moments, stats.fit, _ = fit_statistics(
+            g, scale_points=points, backend=copy.backend, max_value=scale_bound(policy)
+        )
         stats.scale = stats.fit[4]
     return quantize_fp(
         g, policy.fmt, stats.scale, policy.rounding, copy.seed, copy.backend, count_zeros_into=copy.zeros
@@ -360,15 +369,14 @@ def _floating_point(policy: FloatingPoint, copy: GradientCopy, stats: LayerStats
 def _dynamic_scale(policy: FloatingPoint, layers: list[LayerStats], refresh: bool) -> None:
     """After a step: halve the shared scale if any layer overflowed, double it after `growth_interval`
     clean steps (GradScaler's update), on the device without a host sync."""
-    flags = [stats.overflow for stats in layers if stats.overflow is not None]
-    if policy.scaling != "dynamic" or not flags:
+    compressed = [stats for stats in layers if stats.overflow is not None]  # those the step reached
+    if policy.scaling != "dynamic" or not compressed:
         return
-    overflow = torch.stack(flags).any()
-    clean = torch.where(overflow, 0, layers[0].clean_steps + 1)
+    overflow = torch.stack([stats.overflow for stats in compressed]).any()
+    shared = compressed[0]  # every layer that compressed holds the shared scale and count
+    clean = torch.where(overflow, 0, shared.clean_steps + 1)
     grow = clean >= (policy.growth_interval or 2000)
-    scale = torch.where(
-        overflow, layers[0].scale / 2, torch.where(grow, layers[0].scale * 2, layers[0].scale)
-    )
+    scale = torch.where(overflow, shared.scale / 2, torch.where(grow, shared.scale * 2, shared.scale))
     clean = torch.where(grow, 0, clean)
     for stats in layers:
         stats.scale, stats.clean_steps, stats.overflow = scale, clean, None
@@ -377,12 +385,24 @@ def _dynamic_scale(policy: FloatingPoint, layers: list[LayerStats], refresh: boo
 _PLANNERS[FloatingPoint] = _dynamic_scale
 
 
-def layer_log2_scale(policy: FloatingPoint, mu2: Tensor, sigma2: Tensor) -> Tensor:
-    """log2 of the power-of-two scale `policy` gives a layer whose log2|g| has mean mu2 and std sigma2 (0-d
-    tensors, on their device); what compression uses, and what analyses predict from."""
+def layer_log2_scale(policy: FloatingPoint, mu2: Tensor, sigma2: Tensor, amax: Tensor) -> Tensor:
+    """log2 of the power-of-two scale `policy` gives a layer whose log2|g| has mean mu2 and std sigma2 and
+    whose largest finite |g| is amax (0-d tensors, on their device; `ops.stats.largest_finite`); what
+    compression uses, and what analyses predict from."""
     if policy.scaling in ("global", "dynamic"):
         return torch.tensor(math.log2(policy.global_scale), dtype=mu2.dtype, device=mu2.device)
-    return log2_scale(mu2, sigma2, scale_points(policy.fmt, policy.scaling, mu2.device))
+    bound = scale_bound(policy)
+    floor = None if bound is None else clip_free_log2_scale(amax.to(mu2.device), bound)
+    return log2_scale(mu2, sigma2, scale_points(policy.fmt, policy.scaling, mu2.device), floor)
+
+
+def scale_bound(policy: FloatingPoint) -> float | None:
+    """The value that bounds a per-layer rule's scale from below (the scale keeps the layer's largest
+    magnitude within it), or None: the format's largest value for the MSE-optimal rule, whose lognormal
+    optimum can lie below that clip-free scale on a real gradient (whose tail ends where a lognormal's does
+    not) and there flush the whole layer, while the tensor's own least MSE never lies below it
+    (`ops.stats.clip_free_log2_scale`); None for the reference's rule, kept as the reference has it."""
+    return policy.fmt.max_value if policy.scaling == "per_layer_optimal" else None
 
 
 @functools.cache
@@ -477,7 +497,8 @@ def _block_arguments(policy: Block, copy: GradientCopy) -> dict:
     """quantize_block's arguments for one copy (`block_layout`'s tensor and axis)."""
     settings = policy.copy(copy.weight_path)
     fmt = settings.format
-    signs = {"call": "seed", "step": copy.step_seed, "run": copy.run_seed, "none": "none"}[settings.signs]
+    sources = {"call": "seed", "step": copy.step_seed, "run": copy.run_seed, "none": "none"}
+    signs = sources[settings.signs] if settings.hadamard else "seed"  # a copy without a transform: none
     laid_out, axis = block_layout(copy.g, copy.weight_path, copy.feature_axis)
     return {
         "x": laid_out,

@@ -50,6 +50,7 @@ from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.ops import log_moments, quantize_fp
 from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.block import block_errors
+from gradcomp.ops.stats import largest_finite
 from gradcomp.policies import Block, FloatingPoint, parse_policy
 from gradcomp.theory.block import (
     BlockLevels,
@@ -140,13 +141,16 @@ def _relative_mse(g: torch.Tensor, element, log2_scale: float) -> tuple[torch.Te
 
 def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
     """(measured (flushed, clipped, mse), predicted ErrorShares, scale checked) of the element format with
-    one scale for the layer: A6's per_layer_optimal rule (A4's MSE-optimal scale for the layer's lognormal
-    fit). Checked: 1 when the measured MSE at that scale is within 1 % of the least at half and twice it
-    (the comparator is not a weak scale; the expected-MSE optimum of a heavy-tailed lognormal can miss a
-    sample's, whose energy comes from a few of the largest values), else 0."""
+    one scale for the layer: A6's per_layer_optimal rule as training applies it (A4's MSE-optimal scale for
+    the layer's lognormal fit, at least the largest that keeps the layer's largest magnitude within the
+    format's largest value: `compress.layer_log2_scale`). Checked: 1 when the measured MSE at that scale is
+    within 1 % of the least at half and twice it (the comparator is not a weak scale; the expected-MSE
+    optimum of a heavy-tailed lognormal can miss a sample's, whose energy comes from a few of the largest
+    values), else 0."""
     element = fmt.element_format
     policy = FloatingPoint(format=element.name, scaling="per_layer_optimal")
-    log2_scale = float(layer_log2_scale(policy, torch.tensor(mu2), torch.tensor(sigma2)))
+    amax = largest_finite(g)
+    log2_scale = float(layer_log2_scale(policy, torch.tensor(mu2), torch.tensor(sigma2), amax))
     out, mse = _relative_mse(g, element, log2_scale)
     nonzero = g != 0
     flushed = float((nonzero & (out == 0)).sum() / nonzero.sum().clamp_min(1))
@@ -362,8 +366,10 @@ def _c2_caption(settings: BlockTheory, groups: list[RunGroup], arms: dict[str, B
         relative MSE weighted by its energy, as measured; blocks are modelled as iid draws): filled markers
         without the transform, open ones after the random Hadamard transform of {settings.hadamard} elements
         (modelled as Gaussian), squares: one scale per layer (the element format at the scale of least
-        predicted MSE, A6's per_layer_optimal rule; checked against half and twice that scale). (b) The
-        share of non-zero values flushed to zero, measured against predicted. (c) ln
+        predicted MSE, A6's per_layer_optimal rule, bounded below, as in training, by the largest scale that
+        keeps the layer's largest value within the format's: the lognormal optimum alone can lie below
+        every value of a real gradient and flush the whole layer; checked against half and twice that
+        scale). (b) The share of non-zero values flushed to zero, measured against predicted. (c) ln
         of each block format's measured MSE over that of one scale per layer with its element format (below
         0: blocks win), with the theory's prediction (x). Formats: {", ".join(arms)}; nearest rounding,
         blocks along the output features. Models: {", ".join(f"{g.name} ({g.model})" for g in groups)},
@@ -411,7 +417,9 @@ def block_theory(settings: BlockTheory, runs: dict[str, RunGroup]) -> Result:
         f"The theory predicts the sign of the block/per-layer MSE difference in {agree} of {len(versus)} "
         "cases.",
         "The per-layer comparator takes A6's per_layer_optimal scale (A4's MSE-optimal scale for each "
-        "layer's lognormal fit); its measured MSE is within 1 % of the least at half or twice that scale in "
+        "layer's lognormal fit, at least the scale that keeps the layer's largest value within the format's "
+        "largest); "
+        "its measured MSE is within 1 % of the least at half or twice that scale in "
         f"{min(checked):.0%} to {max(checked):.0%} of the layers (per family and element format, mean over "
         "seeds)."
         if checked

@@ -422,12 +422,15 @@ def _global_log2(group: RunGroup) -> float | None:
 @dataclass(frozen=True)
 class _Layers:
     """A model's measured per-layer log2 statistics of its neural gradients (non-zero entries, last probed
-    step of the uncompressed run, mean over its seeds) and element counts: what the theory predicts from."""
+    step of the uncompressed run, mean over its seeds), element counts and largest magnitudes (the probe's
+    exact absmax, its log2 averaged over the seeds, as mu2 is): what the theory predicts from, and what
+    bounds the per-layer min-MSE rule's scale (`compress.scale_bound`), as in training."""
 
     names: list[str]
     mu2: torch.Tensor
     sigma2: torch.Tensor
     elements: torch.Tensor
+    amax: torch.Tensor
 
     @classmethod
     def of(cls, group: RunGroup) -> _Layers:
@@ -442,18 +445,22 @@ class _Layers:
                         probe["log2_mean"][i],
                         probe["log2_std"][i],
                         probe["count"][i] - probe["zeros"][i],
+                        np.log2(probe["absmax"][i]),
                     )
                     by_layer.setdefault(str(probe["layer"][i]), []).append(tuple(map(float, values)))
         if not by_layer:
             raise ValueError(f"run {group.name!r}: its probe has no gradient statistics (set runs.*.probe)")
         columns = [torch.tensor([np.mean(c) for c in zip(*v, strict=True)]) for v in by_layer.values()]
-        mu2, sigma2, elements = (torch.stack(column).double() for column in zip(*columns, strict=True))
-        return cls(list(by_layer), mu2, sigma2, elements)
+        mu2, sigma2, elements, log2_amax = (
+            torch.stack(column).double() for column in zip(*columns, strict=True)
+        )
+        return cls(list(by_layer), mu2, sigma2, elements, torch.exp2(log2_amax))
 
     def rule_scales(self, policy: FloatingPoint) -> torch.Tensor:
-        """The per-layer log2 scales a fixed or per-layer rule gives these layers."""
-        pairs = zip(self.mu2, self.sigma2, strict=True)
-        return torch.stack([layer_log2_scale(policy, mu2, sigma2) for mu2, sigma2 in pairs])
+        """The per-layer log2 scales a fixed or per-layer rule gives these layers (`compress.
+        layer_log2_scale`, the training rule, with each layer's amax read in float32 as training reads it)."""
+        layers = zip(self.mu2, self.sigma2, self.amax.float(), strict=True)
+        return torch.stack([layer_log2_scale(policy, mu2, sigma2, amax) for mu2, sigma2, amax in layers])
 
     def predict(self, fmt: FPFormat, log2_scales: torch.Tensor) -> dict[str, torch.Tensor]:
         """Per layer (last axis) at the given log2 scales (broadcast against the layers): the shares of
@@ -510,9 +517,12 @@ def _log2_scales(group: RunGroup, layers: _Layers) -> torch.Tensor:
             if layer.get("scale")
         ]
         return torch.full_like(layers.mu2, float(np.mean(settled)))
-    return torch.stack(
-        [layer_log2_scale(policy, m, s) for m, s in zip(layers.mu2, layers.sigma2, strict=True)]
-    )
+    return layers.rule_scales(policy)
+
+
+def _is_min_mse(group: RunGroup) -> bool:
+    policies = getattr(group.policy, "policies", (group.policy,))
+    return any(getattr(policy, "scaling", None) == "per_layer_optimal" for policy in policies)
 
 
 def _fp_member(group: RunGroup) -> FloatingPoint:
@@ -791,16 +801,26 @@ def _window_statement(row: dict) -> str:
 
 def _a10_caption(settings: FailurePairs, baselines: list[RunGroup], runs: dict[str, RunGroup]) -> str:
     swept = FloatingPoint(settings.format).format_label
+    optimal = [g.label for g in runs.values() if _is_min_mse(g)]
+    bounded = (
+        f" A per-layer rule's scales are those training applies: the min-MSE rule's ({', '.join(optimal)}) "
+        "is at least the largest scale that keeps each layer's largest |g| (the probe's, its log2 averaged "
+        "over the seeds) within the format's largest value, never the lognormal optimum alone, which can lie "
+        "below every value of a real gradient."
+        if optimal
+        else ""
+    )
     return f"""Predictions of the lognormal theory from each model's measured gradients, next to trained
         outcomes. The theory reads, per layer, the mean and standard deviation of log2|g| (non-zero entries
         of the {"; ".join(f"{g.model}: {g.compression_points}" for g in baselines)}) at the last probed step
         of the uncompressed runs ({", ".join(g.name for g in baselines)}; mean over their seeds), and
         predicts for a format and per-layer scale the share of values flushed to zero (below half the
         smallest subnormal), clipped at the largest value, and the relative MSE of nearest rounding (mean
-        over layers); a configuration is predicted to fail where more than {settings.max_clipped:g} of the
-        non-zero values clip or more than {settings.max_flushed:g} flush (the settings' thresholds; their
-        sensitivity over the grids {", ".join(map(str, settings.clipped_grid))} and
-        {", ".join(map(str, settings.flushed_grid))} is tabulated), counted over all values (element
+        over layers).{bounded} A configuration is predicted to fail where more than
+        {settings.max_clipped:g} of the non-zero values clip or more than {settings.max_flushed:g} flush
+        (the settings' thresholds; their sensitivity over the grids
+        {", ".join(map(str, settings.clipped_grid))} and {", ".join(map(str, settings.flushed_grid))} is
+        tabulated), counted over all values (element
         criterion) or in any one layer (every-layer criterion). Training decides a run: it fails when
         significantly worse than fp32 of its model (paired by seed, {FAMILIES}), trains when
         equivalent within ±{settings.margin:g} pt (two one-sided tests), and is undecided otherwise. (a) Each

@@ -2,14 +2,16 @@
 
 `_moments_kernel` reads the gradient once (and, where given, the mask that splits it into two populations:
 the entries whose BatchNorm-output gradient is non-zero, and the rest) and writes per-program partial sums
-of `log_moments`. `_finish_kernel`, one program, adds the partial sums in float64 in a fixed order (the same
-result run to run) and, where asked, fits (mu, sigma), solves the pruning threshold (`lognormal.
-mixture_log_threshold`, with the normal distribution's functions of `gradcomp.kernels.special`) and the
-power-of-two FP scale, in registers: the statistics of `gradcomp.ops.stats.fit_statistics`.
+of `log_moments` and the largest finite magnitude. `_finish_kernel`, one program, adds the partial sums in
+float64 in a fixed order (the same result run to run) and, where asked, fits (mu, sigma), solves the pruning
+threshold (`lognormal.mixture_log_threshold`, with the normal distribution's functions of `gradcomp.kernels.
+special`) and the power-of-two FP scale (bounded below by the clip-free scale of the largest magnitude where
+asked), in registers: the statistics of `gradcomp.ops.stats.fit_statistics`.
 """
 
 from __future__ import annotations
 
+import struct
 from typing import TYPE_CHECKING
 
 import torch
@@ -45,7 +47,8 @@ def _moments_kernel(
     x_ptr, mask_ptr, partial_ptr, n, MASKED: tl.constexpr, BLOCK: tl.constexpr, TILES: tl.constexpr
 ):
     """Partial [count of finite non-zeros, sum log2|x|, sum log2^2|x|, zeros] of one program's elements, for
-    the entries where the mask is non-zero and then (MASKED) for the others."""
+    the entries where the mask is non-zero and then (MASKED) for the others, then the largest finite |x| (of
+    every entry, in float32)."""
     pid = tl.program_id(0).to(tl.int64)
     count = tl.zeros((BLOCK,), tl.float32)
     sum_log = tl.zeros((BLOCK,), tl.float32)
@@ -55,6 +58,7 @@ def _moments_kernel(
     rest_sum_log = tl.zeros((BLOCK,), tl.float32)
     rest_sum_log_sq = tl.zeros((BLOCK,), tl.float32)
     rest_zeros = tl.zeros((BLOCK,), tl.float32)
+    largest = tl.zeros((BLOCK,), tl.float32)
     for tile in range(TILES):
         offsets = (pid * TILES + tile) * BLOCK + tl.arange(0, BLOCK)
         inside = offsets < n
@@ -62,6 +66,7 @@ def _moments_kernel(
         nonzero = inside & (magnitude > 0) & (magnitude < float("inf"))
         zero = inside & (magnitude == 0)
         log_abs = tl.log2(tl.where(nonzero, magnitude, 1.0))  # one instruction; ln = log2 * ln 2 below
+        largest = tl.maximum(largest, tl.where(nonzero, magnitude, 0.0))
         if MASKED:
             active = tl.load(mask_ptr + offsets, mask=inside, other=0) != 0
             rest_count += (nonzero & ~active).to(tl.float32)
@@ -75,7 +80,7 @@ def _moments_kernel(
         sum_log += log_abs
         sum_log_sq += log_abs * log_abs
         zeros += zero.to(tl.float32)
-    base = partial_ptr + pid * (8 if MASKED else 4)
+    base = partial_ptr + pid * (9 if MASKED else 5)
     tl.store(base, tl.sum(count, 0))
     tl.store(base + 1, tl.sum(sum_log, 0))
     tl.store(base + 2, tl.sum(sum_log_sq, 0))
@@ -85,6 +90,7 @@ def _moments_kernel(
         tl.store(base + 5, tl.sum(rest_sum_log, 0))
         tl.store(base + 6, tl.sum(rest_sum_log_sq, 0))
         tl.store(base + 7, tl.sum(rest_zeros, 0))
+    tl.store(base + (8 if MASKED else 4), tl.max(largest, 0))
 
 
 @triton.jit
@@ -198,6 +204,18 @@ def _log2_scale(mu, sigma, scale_ptr, POINTS: tl.constexpr, POINTS_BLOCK: tl.con
 
 
 @triton.jit
+def _clip_free_log2_scale(amax, MAX_EXPONENT: tl.constexpr, MAX_MANTISSA: tl.constexpr):
+    """`gradcomp.ops.stats.clip_free_log2_scale` of a float32 amax for the format's largest value given as
+    frexp's exponent and the mantissa field of its float64 bits: from amax's float64 bits, exact; -inf for
+    0 (no bound)."""
+    bits = amax.to(tl.float64).to(tl.int64, bitcast=True)
+    exponent = (bits >> 52) - 1022  # frexp's: amax = m * 2^exponent, m in [0.5, 1)
+    larger = (bits & 0xFFFFFFFFFFFFF) > MAX_MANTISSA  # amax's m above the largest value's
+    bound = (MAX_EXPONENT - exponent - larger.to(tl.int64)).to(tl.float64)
+    return tl.where(amax > 0, bound, float("-inf"))
+
+
+@triton.jit
 def _finish_kernel(
     partial_ptr,
     programs,
@@ -224,21 +242,30 @@ def _finish_kernel(
     ALPHA_MAX: tl.constexpr,
     SCALE_POINTS: tl.constexpr,
     SCALE_BLOCK: tl.constexpr,
+    SCALE_BOUND: tl.constexpr,
+    MAX_EXPONENT: tl.constexpr,
+    MAX_MANTISSA: tl.constexpr,
     BLOCK_PARTIALS: tl.constexpr,
 ):
     """Moments (4, or 8 with a mask) in float64; with FIT, the fit vector (FIT_FIELDS) and, where SPARSITY
     is set (>= 0), the threshold (also in alpha_ptr, capped at ALPHA_MAX, in float32) and, where SCALE_POINTS
-    is set, the FP scale. CALIBRATE: the threshold aims at SPARSITY plus the correction, updated first from
-    the zeros counted since the mark over `elements`, where the last threshold pruned
-    (`gradcomp.ops.stats.Calibration`)."""
+    is set, the FP scale, with SCALE_BOUND at least the clip-free scale of the largest finite magnitude for
+    the format's largest value (frexp's exponent MAX_EXPONENT and the float64 mantissa field MAX_MANTISSA).
+    Partials: rows of the 4 (8) moments and the largest magnitude. CALIBRATE: the threshold aims at
+    SPARSITY plus the correction, updated first from the zeros counted since the mark over `elements`,
+    where the last threshold pruned (`gradcomp.ops.stats.Calibration`)."""
     columns = tl.arange(0, 8)
     fields = 8 if MASKED else 4
     totals = tl.zeros((8,), tl.float64)
+    largest = tl.zeros((BLOCK_PARTIALS,), tl.float32)
     for first in range(0, programs, BLOCK_PARTIALS):
         rows = first + tl.arange(0, BLOCK_PARTIALS)
         inside = (rows[:, None] < programs) & (columns[None, :] < fields)
-        block = tl.load(partial_ptr + rows[:, None] * fields + columns[None, :], mask=inside, other=0.0)
+        block = tl.load(partial_ptr + rows[:, None] * (fields + 1) + columns[None, :], mask=inside, other=0.0)
         totals += tl.sum(block.to(tl.float64), 0)
+        if SCALE_BOUND:
+            row_largest = tl.load(partial_ptr + rows * (fields + 1) + fields, mask=rows < programs, other=0.0)
+            largest = tl.maximum(largest, row_largest)
     # log2 to ln: the sums times ln 2, the sums of squares times ln^2 2
     ln2 = 0.6931471805599453
     totals = totals * tl.where((columns % 4) == 1, ln2, tl.where((columns % 4) == 2, ln2 * ln2, 1.0))
@@ -310,6 +337,9 @@ def _finish_kernel(
             tl.store(fit_ptr + 3, float("nan"))
         if SCALE_POINTS > 0:
             log2_scale = _log2_scale(mu, sigma, scale_ptr, SCALE_POINTS, SCALE_BLOCK)
+            if SCALE_BOUND:
+                floor = _clip_free_log2_scale(tl.max(largest, 0), MAX_EXPONENT, MAX_MANTISSA)
+                log2_scale = tl.minimum(tl.maximum(log2_scale, floor), 120.0)
             tl.store(fit_ptr + 4, ((log2_scale.to(tl.int64) + 1023) << 52).to(tl.float64, bitcast=True))
         else:
             tl.store(fit_ptr + 4, float("nan"))
@@ -359,18 +389,21 @@ def statistics_triton(
     calibration: Calibration | None = None,
     zeros: Tensor | None = None,
     min_zeros: int = 0,
+    max_value: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """(moments, fit, alpha): two launches. moments float64 (4,) or (2, 4) with a mask; fit float64 over
     FIT_FIELDS (NaN where not asked); alpha the threshold in float32 capped at x's largest value (empty when
     no sparsity is given). scale_points: float64 (2, P) of (sigma2, log2 scale offset) for the FP scale.
     calibration: see `gradcomp.ops.stats.Calibration`; zeros: an int64 counter to which x's zeros or
-    min_zeros, the more, are added."""
+    min_zeros, the more, are added; max_value: the FP format's largest value that bounds the scale below
+    (`gradcomp.ops.stats.fit_statistics`)."""
     x_flat = x.contiguous().view(-1)
     mask_flat = None if mask is None else mask.contiguous().view(-1)
     n = x_flat.numel()
     programs = max(1, triton.cdiv(n, BLOCK * TILES_PER_PROGRAM))
     fields = 4 if mask is None else 8
-    partial = torch.empty((programs, fields), dtype=torch.float32, device=x.device)
+    partial = torch.empty((programs, fields + 1), dtype=torch.float32, device=x.device)  # + the largest |x|
+    max_bits = struct.unpack("<q", struct.pack("<d", max_value or 0.0))[0]
     launch(
         _moments_kernel,
         (programs,),
@@ -413,6 +446,9 @@ def statistics_triton(
         ALPHA_MAX=float(torch.finfo(x.dtype).max),
         SCALE_POINTS=0 if scale_points is None else scale_points.shape[1],
         SCALE_BLOCK=64 if scale_points is None else triton.next_power_of_2(scale_points.shape[1]),
+        SCALE_BOUND=max_value is not None,
+        MAX_EXPONENT=(max_bits >> 52) - 1022,
+        MAX_MANTISSA=max_bits & ((1 << 52) - 1),
         BLOCK_PARTIALS=BLOCK_PARTIALS,
         num_warps=1,  # one program of scalar work: more warps would only repeat it
     )

@@ -134,6 +134,7 @@ def fit_statistics(
     calibration: Calibration | None = None,
     count_zeros_into: Tensor | None = None,
     min_zeros: int = 0,
+    max_value: float | None = None,
 ) -> tuple[Tensor, Tensor, Tensor | None]:
     """(moments, fit, alpha): a layer's statistics from one `log_moments` reduction (its result the first),
     two launches on CUDA.
@@ -143,8 +144,11 @@ def fit_statistics(
     alpha at which stochastic pruning leaves that expected fraction of zeros in x (existing zeros included;
     0 when nothing needs pruning); scale, where `scale_points` (float64 (2, P): sigma2 and the log2-scale
     offset at it) is given, the power-of-two scale 2^round(offset(sigma2) - mu2) (mu2, sigma2: log2 units),
-    NaN otherwise. alpha: the threshold as `stochastic_prune` takes it on x (float32, at most x's largest
-    value), None without `sparsity`.
+    NaN otherwise; with `max_value` (an FP format's largest value) that scale is at least the clip-free one,
+    the largest power of two that keeps x's largest finite magnitude within max_value (`clip_free_log2_scale`
+    of `largest_finite(x)`: x's largest value always stays representable, so no scale flushes the whole
+    tensor), then clamped to [2^-120, 2^120]. alpha: the threshold as `stochastic_prune` takes it on x
+    (float32, at most x's largest value), None without `sparsity`.
 
     With a mask, `rule` says how the threshold treats the elements where it is zero (at a BatchNorm's input,
     those whose BatchNorm-output gradient is zero: what ReLU cut): "mixture" fits them their own lognormal
@@ -166,6 +170,8 @@ def fit_statistics(
     if calibration is not None:
         _check_calibration(calibration, x, sparsity)
     check_counter(count_zeros_into, x)
+    if max_value is not None and not (scale_points is not None and 0 < max_value < math.inf):
+        raise ValueError(f"max_value (with scale_points) must be positive and finite, got {max_value}")
     if use_triton(x, backend):
         from gradcomp.kernels.stats import statistics_triton
 
@@ -178,6 +184,7 @@ def fit_statistics(
             calibration=calibration,
             zeros=count_zeros_into,
             min_zeros=min_zeros,
+            max_value=max_value,
         )
         return moments, fit, alpha if sparsity is not None else None
     moments = log_moments(x, "torch", mask)
@@ -189,7 +196,8 @@ def fit_statistics(
     values = _fit_values(moments.flatten().tolist(), x.numel(), sparsity, rule)
     fit = torch.tensor(values, dtype=torch.float64, device=x.device)
     if scale_points is not None:
-        fit[4] = torch.exp2(log2_scale(fit[0] / math.log(2), fit[1] / math.log(2), scale_points))
+        floor = None if max_value is None else clip_free_log2_scale(largest_finite(x), max_value)
+        fit[4] = torch.exp2(log2_scale(fit[0] / math.log(2), fit[1] / math.log(2), scale_points, floor))
     return moments, fit, None if sparsity is None else usable_threshold(fit[3], x)
 
 
@@ -210,7 +218,7 @@ def _fit_values(moments: list[float], numel: int, sparsity: float | None, rule: 
     """`fit_statistics` of the moments in Python floats (the finishing kernel's steps, on the host)."""
     count, sum_log, sum_log_sq, zeros, *rest = moments
     rest_count, rest_sum_log, rest_sum_log_sq, rest_zeros = rest or (0.0, 0.0, 0.0, 0.0)
-    share = (rest_count + rest_zeros) / numel if rest else math.nan
+    share = (rest_count + rest_zeros) / numel if rest and numel else math.nan
     pooled = not rest or rule == "all" or (rule == "reference" and sparsity is not None and share >= sparsity)
     if pooled:
         count, sum_log, sum_log_sq = count + rest_count, sum_log + rest_sum_log, sum_log_sq + rest_sum_log_sq
@@ -242,16 +250,42 @@ def _threshold_float(first: lognormal.Population, second: lognormal.Population, 
     return math.exp(log_alpha)
 
 
-def log2_scale(mu2: Tensor, sigma2: Tensor, points: Tensor) -> Tensor:
+def log2_scale(mu2: Tensor, sigma2: Tensor, points: Tensor, floor: Tensor | None = None) -> Tensor:
     """round(offset(sigma2) - mu2) for a per-layer FP scale rule given as points (sigma2, offset), linear
     between them, sigma2 clamped to their range; clamped to [-120, 120], 0 for NaN (an all-zero gradient:
-    any scale). On device, no host sync."""
+    any scale); then at least `floor` (a log2 scale, -inf: none) and again at most 120. On device, no host
+    sync."""
     sigmas, offsets = points[0], points[1]
     x = sigma2.clamp(sigmas[0], sigmas[-1])
     index = torch.searchsorted(sigmas, x.reshape(1)).clamp(1, sigmas.numel() - 1)
     x0, x1, y0, y1 = sigmas[index - 1], sigmas[index], offsets[index - 1], offsets[index]
     offset = (y0 + (x - x0) * (y1 - y0) / (x1 - x0)).reshape(())
-    return torch.round(torch.nan_to_num(offset - mu2, nan=0.0).clamp(-120, 120))
+    scale = torch.round(torch.nan_to_num(offset - mu2, nan=0.0).clamp(-120, 120))
+    return scale if floor is None else torch.maximum(scale, floor).clamp(max=120)
+
+
+def largest_finite(x: Tensor) -> Tensor:
+    """x's largest finite magnitude (0-d, 0 without a finite non-zero) in the compute dtype (float32, as the
+    statistics kernel reads it; float64 for float64 x)."""
+    dtype = compute_layout(x.dtype).float_dtype
+    if x.numel() == 0:
+        return torch.zeros((), dtype=dtype, device=x.device)
+    return x.detach().abs().nan_to_num(nan=0.0, posinf=0.0).amax().to(dtype)
+
+
+def clip_free_log2_scale(amax: Tensor, max_value: float) -> Tensor:
+    """log2 of the largest power of two s with amax * s <= max_value (float64 0-d; exact: from the binary
+    exponents and mantissas of the two numbers), -inf where amax is 0 or not finite (no bound).
+
+    The MSE-optimal power-of-two scale of a tensor as it is never lies below it: at a scale s with
+    2 * amax * s <= max_value nothing clips at 2s either, each normal value keeps its relative rounding
+    error (the grid's binades shift by one) and each value in the subnormal or flush range gets a grid
+    at least as fine (every grid point up to max_value / 2 doubles to a grid point), so no value's error
+    grows, with nearest or stochastic rounding, whatever the format's overflow and subnormals."""
+    mantissa, exponent = torch.frexp(amax.to(torch.float64))
+    top_mantissa, top_exponent = math.frexp(max_value)
+    bound = (top_exponent - exponent - (mantissa > top_mantissa).to(exponent.dtype)).to(torch.float64)
+    return torch.where((amax > 0) & (amax < math.inf), bound, -math.inf)
 
 
 def usable_threshold(alpha: Tensor, x: Tensor) -> Tensor:
