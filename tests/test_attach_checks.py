@@ -232,3 +232,16 @@ def test_policy_keys_that_would_do_nothing_or_twice_are_refused(spec, message):
     with pytest.raises(ValueError, match=message):
         parse_policy(spec)
     assert parse_policy("nvidia_nvfp4:weight_signs=step").copy(True).signs == "step"
+
+
+def test_quantize_block_refuses_signs_without_a_transform():
+    from gradcomp.ops.block import quantize_block
+
+    x = torch.randn(4, 32)
+    with pytest.raises(ValueError, match="signs=7 sets the Hadamard transform's signs"):
+        quantize_block(x, "e2m1fn", signs=7)
+    # a policy's signs act on the copy that has a transform only: the other copy draws none
+    model = _model()
+    with attach(model, "mxfp4:weight_hadamard=16,signs=run") as handle:
+        _gradients(model)
+        assert handle.layer_summary()["0"]["elements"] > 0

@@ -122,7 +122,8 @@ def test_te_and_four_over_six_stay_unbiased_down_to_float32_subnormals(magnitude
     ratios[largest] = ratios[largest].sign()
     y = (ratios * magnitude).float()  # what the format sees: each block's largest magnitude m exactly
     x = hadamard_inverse(y, hadamard, seed=5) if hadamard else y
-    options = {**NVFP4, "scale_rule": rule, "hadamard": hadamard, "signs": 5, "backend": "torch"}
+    signs = {"signs": 5} if hadamard else {}
+    options = {**NVFP4, "scale_rule": rule, "hadamard": hadamard, **signs, "backend": "torch"}
     draws = torch.stack([quantize_block(x, rounding="stochastic", seed=s, **options) for s in range(300)])
     projection = (draws.double() * x.double()).sum((1, 2)) / x.double().square().sum()
     standard_error = projection.std() / math.sqrt(len(projection))

@@ -688,10 +688,13 @@ def attach(
     Triton kernels on CUDA; "triton" forces them, e.g. on CPU tensors under TRITON_INTERPRET=1 to count their
     launches; "torch").
 
-    What would fail at the first backward pass, or do nothing, fails here: a seed that is no integer, an
-    unknown backend, layers of a dtype the policy cannot compute in, a compiled model, layers another
-    attachment holds (detach it first). A policy whose own placement selects under half of the model's
-    convolution and linear layers (prune or fp on a transformer) warns, naming `layer_types`.
+    What would fail at the first backward pass, or do nothing, fails here, before anything is put on the
+    model: a seed that is no integer, an unknown backend, layers of a dtype the policy cannot compute in, a
+    compiled model, layers another attachment holds (detach it first), keep_last / keep_worst that keep
+    every selected layer or rank layers without a noise ratio. A failure while the hooks go on removes
+    those already on: a refused attach leaves the model as it was. A policy whose own placement selects
+    under half of the model's convolution and linear layers (prune or fp on a transformer) warns, naming
+    `layer_types`.
     """
     if not isinstance(model, nn.Module):
         raise TypeError(f"attach takes a torch.nn.Module, got {type(model).__name__}")

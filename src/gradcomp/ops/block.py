@@ -111,8 +111,9 @@ def quantize_block(
     saturation at the dtype's range; random bits from seed and position; a fresh seed from torch's
     generator when seed is None, which also draws the transform's signs); hadamard: 0, or the size of the
     random Hadamard transform applied first (a power of two dividing block_size); signs: where the
-    transform's random signs come from: "seed" (the call's seed, fresh with it), an int (their own seed, e.g.
-    one for a whole run) or "none" (all +1: the deterministic Walsh-Hadamard transform); outer: a two-level
+    transform's random signs come from: "seed" (the call's seed, fresh with it), an int (their own seed,
+    e.g. one for a whole run) or "none" (all +1: the deterministic Walsh-Hadamard transform); another than
+    "seed" without a transform is refused (it would do nothing); outer: a two-level
     scale's float32 scale per `outer` elements along the axis (0: per tensor). float16, bfloat16 or
     float32 input; a 0-d tensor is one block of one element. count_zeros_into: an int64 one-element tensor
     on x's device to which the output's zeros are added. One kernel launch on CUDA for MX and outer scales,
@@ -210,6 +211,8 @@ class _BlockCall(NamedTuple):
         fmt = block_format(element, block_size, scale, check_rule(scale_rule, rounding), outer)
         if hadamard:
             check_transform_size(hadamard, block_size)
+        elif signs != "seed":  # the default: a call without a transform draws no signs
+            raise ValueError(f"signs={signs!r} sets the Hadamard transform's signs: give hadamard too")
         axis = check_axis(x, axis)
         check_counter(count_zeros_into, x)
         stochastic = rounding == "stochastic"
