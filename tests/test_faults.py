@@ -167,3 +167,29 @@ def test_a_skipped_step_counts_in_no_epoch_figure(tmp_path, monkeypatch):
     assert epoch["train_loss"] == pytest.approx(sum(trained) / len(trained), rel=1e-9)
     assert 0.75 < epoch["gradient_sparsity"] < 0.85
     assert summary["gradient_sparsity"] == epoch["gradient_sparsity"]
+
+
+def test_an_epoch_whose_every_step_is_skipped_reports_no_figure(tmp_path, monkeypatch):
+    """Its train_loss, gradient sparsity and pruning's bits per element are unknown (None), not the zero
+    they read when skipped steps counted."""
+    create_model = train_module.create_model
+    forwards = [0]
+
+    def faulty_model(*args, **kwargs):
+        model = create_model(*args, **kwargs)
+
+        def poison_input(module, inputs):
+            forwards[0] += module.training
+            return (inputs[0] * math.inf,) if module.training and forwards[0] > 5 else None
+
+        model.register_forward_pre_hook(poison_input)
+        return model
+
+    monkeypatch.setattr(train_module, "create_model", faulty_model)
+    options = {"policy": "prune:sparsity=0.8", "layer_types": ["conv"], "keep_last": 1}
+    summary, run_dir = train_run(tmp_path, "skipped", **options)
+    first, second = [m for m in read_metrics(run_dir) if m["kind"] == "epoch"]
+    assert first["train_loss"] > 0 and 0.7 < first["gradient_sparsity"] < 0.9
+    assert second["train_loss"] is None and second["gradient_sparsity"] is None
+    assert summary["skipped_steps"] == 5 and summary["gradient_sparsity"] is None
+    assert summary["switches"]["average_bits"] is None and summary["switches"]["switched"]

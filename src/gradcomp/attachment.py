@@ -446,16 +446,17 @@ class Attachment:
         compressed elements that took the fallback since training began, and the average bits per gradient
         element over training: the policy's and the fallback's, weighted by the elements each compressed
         (`summary`: the run's, for policies whose bits depend on it, e.g. pruning's measured sparsity; by
-        default this attachment's own `sparsity()` and `layer_summary()`, one host sync)."""
+        default this attachment's own `sparsity()` and `layer_summary()`, one host sync; None where that is
+        unknown: nothing counted since the last reset)."""
         self._record_noise()
         switches = {layer.name: layer.switched_at for layer in self.layers if layer.switched_at is not None}
         policy, fallback = (sum(layer.trained[k] for layer in self.layers) for k in (0, 1))
         share = fallback / (policy + fallback) if policy + fallback else 0.0
-        summary = summary or {"gradient_sparsity": self.sparsity() or 0.0, "layers": self.layer_summary()}
-        bits = (1 - share) * self.policy.bits_per_element(summary) + (
-            share * self.config.fallback.bits_per_element(summary) if share else 0.0
-        )
-        return {"switched": switches, "fallback_share": share, "average_bits": bits}
+        summary = summary or {"gradient_sparsity": self.sparsity(), "layers": self.layer_summary()}
+        parts = [(1 - share, self.policy), (share, self.config.fallback)]
+        bits = [(weight, policy.bits_per_element(summary)) for weight, policy in parts if weight]
+        average = None if any(b is None for _, b in bits) else sum(weight * b for weight, b in bits)
+        return {"switched": switches, "fallback_share": share, "average_bits": average}
 
     def state_dict(self) -> dict:
         """Statistics, pending refreshes and counts of every layer, and the noise ratios and guard (for

@@ -102,11 +102,12 @@ class Policy:
         """Facts of the policy reported with every layer's statistics."""
         return {}
 
-    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
+    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float | None:
         """Bits the compressed neural gradient takes per element in storage, summed over every copy the
         backward pass keeps, given a run's summary (its measured sparsity and per-layer statistics); `then`
         is the policy that codes this one's output next in a chain. Scales (one per layer, row or column)
-        are neglected. A dense code followed by another stores the later one."""
+        are neglected. A dense code followed by another stores the later one. None where the summary does
+        not say (pruning's sparsity in a run whose last epoch trained no step: every one skipped)."""
         return then.bits_per_element(summary) if then is not None else self._dense_bits()
 
     def _dense_bits(self) -> float:
@@ -275,13 +276,16 @@ class Prune(Policy):
     def family(self) -> str:
         return "prune, lognormal" if self.estimator == "lognormal" else "prune, other threshold"
 
-    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
+    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float | None:
         """A 1-bit occupancy mask per element (the cheaper position code down to about 1/log2(numel)
         density), plus, per survivor, a sign when it sits at +-alpha or a float32 beyond alpha; with `then`,
         every survivor in `then`'s code instead."""
+        if summary.get("gradient_sparsity") is None:
+            return None
         density = 1.0 - float(summary["gradient_sparsity"])
         if then is not None:
-            return 1.0 + density * then.bits_per_element(summary)
+            later = then.bits_per_element(summary)
+            return None if later is None else 1.0 + density * later
         return 1.0 + density + (FLOAT32_BITS - 1) * _beyond_threshold_share(summary["layers"])
 
 
@@ -668,7 +672,7 @@ class Chain(Policy):
     def family(self) -> str:
         return " + ".join(dict.fromkeys(p.family.split(",")[0] for p in self.policies))
 
-    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float:
+    def bits_per_element(self, summary: Mapping[str, Any], then: Policy | None = None) -> float | None:
         first, *rest = self.policies
         following = [*rest, then] if then is not None else rest
         return first.bits_per_element(summary, _chain(following))

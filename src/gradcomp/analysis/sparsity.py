@@ -67,6 +67,11 @@ def _layer_sparsity(run: Run) -> dict[str, float]:
     }
 
 
+def _error(run: Run, target: float) -> float | None:
+    """Achieved less target sparsity (None where the run's last epoch trained no step)."""
+    return None if run.sparsity is None else run.sparsity - target
+
+
 def _attainable(run: Run, target: float) -> tuple[dict[str, float], float]:
     """Per layer, the sparsity pruning can reach as the run measured it (at each step the target, or the
     share of zeros the gradient had before pruning where that is higher: pruning only adds zeros; the
@@ -121,9 +126,8 @@ def _calibration(groups: list[RunGroup]) -> tuple[PerSeed, PerSeed, PerSeed]:
         target = group.policy.sparsity
         for seed, run in group.runs.items():
             attainable, total = _attainable(run, target)
-            overall.add(
-                seed, {"run": group.name}, achieved=run.sparsity, attainable=total, error=run.sparsity - total
-            )
+            error = _error(run, total)
+            overall.add(seed, {"run": group.name}, achieved=run.sparsity, attainable=total, error=error)
             for layer, sparsity in _layer_sparsity(run).items():
                 reach = attainable[layer]
                 layers.add(
@@ -561,7 +565,7 @@ def heterogeneous_sparsity(settings: Heterogeneous, runs: dict[str, RunGroup]) -
             **run_row(group, ACCURACY, SPARSITY),
             "min_cosine": group.policy.min_cosine,
             "target": group.policy.sparsity,
-            **group.estimate(lambda run, g=group: run.sparsity - g.policy.sparsity).columns("error"),
+            **group.estimate(lambda run, g=group: _error(run, g.policy.sparsity)).columns("error"),
         }
         for group in [constrained, *homogeneous]
     ]
