@@ -785,15 +785,13 @@ def test_c2s_per_layer_comparator_is_checked_against_half_and_twice_its_scale(pr
 
     for sigma, expected in ((0.5, 1.0), (2.0, None)):
         g = lognormal_gradient((64, 32, 8, 8), mu=-12.0, sigma=sigma, seed=3, specials=False)
-        mu2, sigma2, _ = _layer(g)
-        (_, _, mse), predicted, checked = _per_layer(g, PRESETS[preset], mu2, sigma2)
+        (_, _, mse), predicted, checked = _per_layer(g, PRESETS[preset], *_layer(g))
         assert 0 < mse < 1 and predicted.relative_mse > 0
         if expected is not None:
             assert checked == expected
     element = PRESETS["mxfp4"].element_format
     g = lognormal_gradient((64, 32, 8, 8), mu=-12.0, sigma=2.0, seed=3, specials=False)
-    mu2, sigma2, _ = _layer(g)
-    (_, _, mse), _, checked = _per_layer(g, PRESETS["mxfp4"], mu2, sigma2)
+    (_, _, mse), _, checked = _per_layer(g, PRESETS["mxfp4"], *_layer(g))
     assert checked == 0.0
     assert any(_relative_mse(g, element, s)[1] < mse / 1.01 for s in (6.0, 8.0))  # the rule's is 2^7
 
@@ -952,3 +950,18 @@ def test_block_errors_refuses_an_empty_tensor():
     """Its shares are of the tensor's elements: an empty one has none (a clear error, not NaN)."""
     with pytest.raises(ValueError, match="empty"):
         block_errors(torch.zeros(0, 32), BlockFormat("e2m1fn", 16, "e4m3fn", "floor", outer=128))
+
+
+@pytest.mark.parametrize("preset", ["mxfp4", "mxfp6", "mxfp8"])
+def test_c2s_per_layer_prediction_is_that_of_the_tensor_below_its_largest_value(preset):
+    """The per-layer comparator's scale is set from the tensor's largest value, so its prediction takes the
+    tensor's magnitudes below that value (the unbounded lognormal predicts clipping a tail the tensor does
+    not have): on lognormal samples it gives the measured flushed share and relative MSE."""
+    from gradcomp.analysis.blocks import _layer, _per_layer
+
+    for sigma in (0.5, 1.0, 2.0):
+        g = lognormal_gradient((64, 32, 8, 8), mu=-12.0, sigma=sigma, seed=3, specials=False)
+        (flushed, clipped, mse), predicted, _ = _per_layer(g, PRESETS[preset], *_layer(g))
+        assert predicted.flushed == pytest.approx(flushed, abs=0.005)
+        assert predicted.clipped == pytest.approx(clipped, abs=0.001)
+        assert predicted.relative_mse == pytest.approx(mse, rel=0.15)

@@ -342,7 +342,7 @@ def test_the_analyses_apply_the_training_rule():
     training = compress(
         FloatingPoint("e2m1fn", scaling="per_layer_optimal"), GradientCopy(g, 0), LayerStats()
     )
-    (_, clipped, mse), _, _ = _per_layer(g, element, *_layer(g)[:2])
+    (_, clipped, mse), _, _ = _per_layer(g, element, *_layer(g))
     assert clipped == 0.0 and mse == _relative_mse(training, g)
 
 

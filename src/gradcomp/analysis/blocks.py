@@ -139,14 +139,16 @@ def _relative_mse(g: torch.Tensor, element, log2_scale: float) -> tuple[torch.Te
     return out, float((out.double() - g.double()).square().sum() / g.double().square().sum())
 
 
-def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
+def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float, count: int):
     """(measured (flushed, clipped, mse), predicted ErrorShares, scale checked) of the element format with
     one scale for the layer: A6's per_layer_optimal rule as training applies it (A4's MSE-optimal scale for
     the layer's lognormal fit, at least the largest that keeps the layer's largest magnitude within the
-    format's largest value: `compress.layer_log2_scale`). Checked: 1 when the measured MSE at that scale is
-    within 1 % of the least at half and twice it (the comparator is not a weak scale; the expected-MSE
-    optimum of a heavy-tailed lognormal can miss a sample's, whose energy comes from a few of the largest
-    values), else 0."""
+    format's largest value: `compress.layer_log2_scale`). Predicted for this tensor, its `count` non-zero
+    magnitudes drawn below its largest (`theory.block.per_tensor_statistics`, as a block's): the rule sets
+    the scale from that largest value, so a lognormal tail beyond it, which the tensor does not have, would
+    be predicted to clip. Checked: 1 when the measured MSE at that scale is within 1 % of the least at half
+    and twice it (the comparator is not a weak scale; the expected-MSE optimum of a heavy-tailed lognormal
+    can miss a sample's, whose energy comes from a few of the largest values), else 0."""
     element = fmt.element_format
     policy = FloatingPoint(format=element.name, scaling="per_layer_optimal")
     amax = largest_finite(g)
@@ -157,7 +159,9 @@ def _per_layer(g: torch.Tensor, fmt: BlockFormat, mu2: float, sigma2: float):
     clipped = float((g.abs() * 2.0**log2_scale > element.max_value).double().mean())
     neighbours = [_relative_mse(g, element, log2_scale + step)[1] for step in (-1.0, 1.0)]
     checked = float(mse <= 1.01 * min(neighbours))
-    return (flushed, clipped, mse), per_tensor_statistics(element, sigma2, log2_scale + mu2), checked
+    largest = float(amax) / 2.0**mu2
+    predicted = per_tensor_statistics(element, sigma2, log2_scale + mu2, largest=largest, numel=count)
+    return (flushed, clipped, mse), predicted, checked
 
 
 def family_errors(settings: BlockTheory | ScaleFormats, group: RunGroup, arms: dict[str, Block]) -> PerSeed:
@@ -194,7 +198,7 @@ def family_errors(settings: BlockTheory | ScaleFormats, group: RunGroup, arms: d
                     totals[name]["correlated_error"] += correlated.relative_mse * energy
                 for element in dict.fromkeys(policy.format.element for policy in arms.values()):
                     fmt = next(p.format for p in arms.values() if p.format.element == element)
-                    measured, predicted, checked = _per_layer(g, fmt, mu2, sigma2)
+                    measured, predicted, checked = _per_layer(g, fmt, mu2, sigma2, nonzero)
                     key = f"{fmt.element_format.name} {PER_LAYER}"
                     _accumulate(totals[key], measured, predicted, nonzero, g.numel(), energy)
                     totals[key]["layers"] += 1
