@@ -807,8 +807,8 @@ def _a10_caption(settings: FailurePairs, baselines: list[RunGroup], runs: dict[s
         "is at least the largest scale that keeps each layer's largest |g| (the probe's, its log2 averaged "
         "over the seeds) within the format's largest value, never the lognormal optimum alone, which can lie "
         "below every value of a real gradient; at that scale the theory, whose lognormal has no largest "
-        "value, predicts a layer's tail beyond it to clip, which the layer does not have (C2 predicts the same "
-        "rule for each tensor below its largest value)."
+        "value, predicts a layer's tail beyond it to clip, which the layer does not have (C2 predicts the "
+        "same rule for each tensor below its largest value)."
         if optimal
         else ""
     )
