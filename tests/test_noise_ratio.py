@@ -463,6 +463,7 @@ def test_the_guard_reads_the_ratio_guard_on_names():
     assert CompressionConfig("fp", noise_every=1, measure_noise=True, guard=1.7).guard_on == "measured"
     assert CompressionConfig("fp", noise_every=1, guard=1.7).guard_on == "carried"
     guard = math.sqrt(min(row["measured_ratio"] for row in rows) * max(row["measured_ratio"] for row in rows))
+    switched = {}
     for kind in ("measured", "carried", "theory"):
         keys = {"guard": guard, "guard_patience": 1, "guard_on": kind}
         model = _net()
@@ -471,6 +472,8 @@ def test_the_guard_reads_the_ratio_guard_on_names():
         _step(model, 1)
         below = {row["layer"]: 0 for row in rows if row[f"{kind}_ratio"] < guard}
         assert handle.switch_report()["switched"] == below, kind
+        switched[kind] = below
+    assert switched["measured"] != switched["carried"]  # the last layer: measured R 0.88, carried 3.5
 
 
 def test_keep_last_beyond_the_layers_is_refused_and_the_rest_keep_their_count():
