@@ -106,29 +106,42 @@ def test_unwritable_output_directory(tmp_path):
         out.chmod(0o700)
 
 
-def test_non_finite_steps_are_skipped_and_training_goes_on(tmp_path, monkeypatch):
-    """An Inf input at the 3rd step (non-finite forward: loss, gradients and BatchNorm statistics) and an Inf
-    gradient at the 6th (second epoch): both steps are skipped and counted, and nothing non-finite reaches
-    the model."""
+def _poison_inputs(monkeypatch, poisoned, also=None) -> None:
+    """Training builds models whose input is multiplied by Inf at the training forward passes (counted from
+    1) that `poisoned` picks (a non-finite forward: loss, gradients and BatchNorm statistics); `also(model)`
+    adds more."""
     create_model = train_module.create_model
-    forwards, backwards = [0], [0]
+    forwards = [0]
 
     def faulty_model(*args, **kwargs):
         model = create_model(*args, **kwargs)
 
         def poison_input(module, inputs):
             forwards[0] += module.training
-            return (inputs[0] * math.inf,) if module.training and forwards[0] == 3 else None
-
-        def poison_gradient(grad):
-            backwards[0] += 1
-            return grad * math.inf if backwards[0] == 6 else grad
+            return (inputs[0] * math.inf,) if module.training and poisoned(forwards[0]) else None
 
         model.register_forward_pre_hook(poison_input)
-        model.get_classifier().weight.register_hook(poison_gradient)
+        if also is not None:
+            also(model)
         return model
 
     monkeypatch.setattr(train_module, "create_model", faulty_model)
+
+
+def test_non_finite_steps_are_skipped_and_training_goes_on(tmp_path, monkeypatch):
+    """An Inf input at the 3rd step (non-finite forward: loss, gradients and BatchNorm statistics) and an Inf
+    gradient at the 6th (second epoch): both steps are skipped and counted, and nothing non-finite reaches
+    the model."""
+    backwards = [0]
+
+    def poison_gradient(model):
+        def poison(grad):
+            backwards[0] += 1
+            return grad * math.inf if backwards[0] == 6 else grad
+
+        model.get_classifier().weight.register_hook(poison)
+
+    _poison_inputs(monkeypatch, lambda forward: forward == 3, poison_gradient)
     summary, run_dir = train_run(tmp_path, "faulty")
     assert summary["steps"] == 10 and summary["skipped_steps"] == 2
     assert [m["skipped_steps"] for m in read_metrics(run_dir) if m["kind"] == "epoch"] == [1, 2]
@@ -142,20 +155,7 @@ def test_a_skipped_step_counts_in_no_epoch_figure(tmp_path, monkeypatch):
     and train_accuracy are those of the other steps, and its compressed gradients (all NaN) take no part in
     the gradient sparsity (pruning to 0.8: each trained step's about 0.8; counting the skipped one's
     elements as non-zeros drew the epoch's to about 0.64)."""
-    create_model = train_module.create_model
-    forwards = [0]
-
-    def faulty_model(*args, **kwargs):
-        model = create_model(*args, **kwargs)
-
-        def poison_input(module, inputs):
-            forwards[0] += module.training
-            return (inputs[0] * math.inf,) if module.training and forwards[0] == 3 else None
-
-        model.register_forward_pre_hook(poison_input)
-        return model
-
-    monkeypatch.setattr(train_module, "create_model", faulty_model)
+    _poison_inputs(monkeypatch, lambda forward: forward == 3)
     options = {"epochs": 1, "log_every": 1, "policy": "prune:sparsity=0.8", "layer_types": ["conv"]}
     summary, run_dir = train_run(tmp_path, "skipped", **options)
     assert summary["skipped_steps"] == 1
@@ -172,20 +172,7 @@ def test_a_skipped_step_counts_in_no_epoch_figure(tmp_path, monkeypatch):
 def test_an_epoch_whose_every_step_is_skipped_reports_no_figure(tmp_path, monkeypatch):
     """Its train_loss, gradient sparsity and pruning's bits per element are unknown (None), not the zero
     they read when skipped steps counted."""
-    create_model = train_module.create_model
-    forwards = [0]
-
-    def faulty_model(*args, **kwargs):
-        model = create_model(*args, **kwargs)
-
-        def poison_input(module, inputs):
-            forwards[0] += module.training
-            return (inputs[0] * math.inf,) if module.training and forwards[0] > 5 else None
-
-        model.register_forward_pre_hook(poison_input)
-        return model
-
-    monkeypatch.setattr(train_module, "create_model", faulty_model)
+    _poison_inputs(monkeypatch, lambda forward: forward > 5)  # the second epoch's five steps
     options = {"policy": "prune:sparsity=0.8", "layer_types": ["conv"], "keep_last": 1}
     summary, run_dir = train_run(tmp_path, "skipped", **options)
     first, second = [m for m in read_metrics(run_dir) if m["kind"] == "epoch"]

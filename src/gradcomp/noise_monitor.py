@@ -176,7 +176,8 @@ class NoiseMonitor:
                     switch.append(index)
         if config.keep_worst and not self.ranked:
             self.ranked = True
-            ranked = sorted((ratio, index) for index, ratio in ratios.items() if index in candidates)
+            measured = [(ratio, index) for index, ratio in ratios.items() if ratio < math.inf]
+            ranked = sorted(pair for pair in measured if pair[1] in candidates)  # no ratio: not ranked
             switch += [index for _, index in ranked[: config.keep_worst] if index not in switch]
         return switch
 
