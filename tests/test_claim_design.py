@@ -20,10 +20,19 @@ COMMITTED = sorted((ROOT / "figures").glob("*/*.json"))
 
 
 @pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
-def test_every_committed_claim_was_decidable_as_designed(path):
+def test_every_committed_claim_was_decidable_as_designed_and_shows_its_plan(path):
     for row in json.loads(path.read_text()).get("claims", []):
         assert row["decidable"], f"{row['claim']} cannot be decided as designed: {row['evidence']}"
-        assert row["claim"] in CLAIMS and row["replication"]
+        assert row["claim"] in CLAIMS and row["plan"], f"{row['claim']} shows no plan"
+        assert "replicate" not in json.dumps(row), "a replicate probability is printed"
+
+
+def test_every_claim_but_an_exact_one_is_planned_and_decided_by_a_committed_configuration():
+    configurations = {path.stem for path in (ROOT / "config").glob("*.yaml")}
+    for claim in CLAIMS.values():
+        assert (claim.plan is None) == (claim.test == "exact"), claim.id
+        if claim.plan is not None:
+            assert claim.plan.decided_in in configurations and claim.plan.source, claim.id
 
 
 def test_a_design_without_seeds_to_test_is_flagged():
@@ -37,7 +46,7 @@ def test_a_design_without_seeds_to_test_is_flagged():
 
 def test_the_default_claims_table_cites_the_convergence_sweep():
     summary = (ROOT / "figures" / "default" / "SUMMARY.md").read_text()
-    assert "figures/converged" in summary and "on other seeds" in summary
+    assert "figures/converged" in summary and "| replication on other seeds |" in summary
 
 
 def test_a_config_whose_design_cannot_decide_a_claim_is_refused_before_running():
@@ -51,18 +60,31 @@ def test_a_config_whose_design_cannot_decide_a_claim_is_refused_before_running()
         check_config(config)
 
 
-def test_claims_another_configuration_decides_itself_are_cited_as_its_replications(tmp_path):
-    from gradcomp.analysis.summary import _cited
+def test_the_claims_table_cites_the_deciding_configuration_and_replications_on_other_seeds(tmp_path):
+    """L3 is decided at the longest budget of the convergence sweep (its plan names converged): the default's
+    row cites that decision, and lists the sweep's decision at the default's scale on other seeds as a
+    replication; a claim nobody else decided reads "not replicated"."""
+    from gradcomp.analysis.summary import _claims_table, _decisions
 
-    def record(path: str, claims: list[dict], facts: dict) -> None:
+    def record(folder: str, name: str, claims: list[dict], facts: dict) -> None:
+        (tmp_path / folder).mkdir(exist_ok=True)
         data = {"id": "", "title": "", "caption": "", "tables": {}, "comparisons": [], "findings": []}
-        (tmp_path / path).write_text(json.dumps(data | {"claims": claims, "facts": facts}))
+        (tmp_path / folder / name).write_text(json.dumps(data | {"claims": claims, "facts": facts}))
 
-    row = {"claim": "F1", "status": "shown", "evidence": "e", "seeds": "3 seeds", "scale": "s"}
-    x4 = {"claim": "L6", "status": "inconclusive", "evidence": "x4", "seeds": "6 seeds", "scale": "t"}
-    record("F1_stalls.json", [row], {})
-    record("X4_budget.json", [], {"replications": [x4]})
-    record("Z9_other.json", [x4 | {"evidence": "own"}], {})
-    cited = _cited(tmp_path)["replications"]
-    assert cited["F1"]["status"] == "shown" and cited["F1"]["where"] == tmp_path.name
-    assert cited["L6"]["evidence"] == "x4"  # X4's citation comes first
+    def row(claim: str, status: str, scale: str, seeds: list[int]) -> dict:
+        return {"claim": claim, "status": status, "evidence": "e", "seeds": f"{len(seeds)} seeds",
+                "scale": scale, "seed_ids": seeds, "plan": "p", "planned": 4, "used": len(seeds)}  # fmt: skip
+
+    record("default", "A5_fp_formats.json", [row("L3", "shown", "2 epochs", [0, 1, 2])], {})
+    record("default", "A2_goodness_of_fit.json", [row("L1", "shown", "short", [0, 1, 2])], {})
+    x4 = {
+        "converged": [row("L3", "shown", "8 epochs", [8, 9])],
+        "replications": [row("L3", "refuted", "2 epochs", [8, 9])],
+    }
+    record("converged", "X4_training_budget.json", [], x4)
+    table = _claims_table("default", _decisions(tmp_path / "default"), _decisions(tmp_path / "converged"))
+    l3 = next(line for line in table.splitlines() if line.startswith("| L3"))
+    assert "shown at 8 epochs, 2 seeds (figures/converged)" in l3.split("|")[-3]  # deciding
+    assert "refuted at 2 epochs, 2 seeds (figures/converged)" in l3.split("|")[-2]  # replication
+    l1 = next(line for line in table.splitlines() if line.startswith("| L1"))
+    assert "| this configuration | not replicated |" in l1

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+from types import SimpleNamespace
 
 import pytest
 
 from gradcomp.analysis import failure
-from gradcomp.analysis.runs import Run
+from gradcomp.analysis.claims import deciding
+from gradcomp.analysis.runs import Run, RunGroup
 from gradcomp.analysis.verdicts import compare
-from gradcomp.experiments import Stalls
+from gradcomp.experiments import LateSwitch, Stalls
 
 
 def _run(tmp_path, name: str, records: list[dict]) -> Run:
@@ -51,6 +53,7 @@ def test_f1_is_decided_by_the_per_seed_rank_correlation_of_loss_with_time_below(
             "seed": seed,
             "run": f"r{i}",
             "gap_pt": -10.0 * i + seed,
+            "measured_median": 3.0 - 0.3 * i,
             **{f"{k}_below": i / 5 for k in failure.KINDS},
         }
         for seed in range(3)
@@ -62,6 +65,34 @@ def test_f1_is_decided_by_the_per_seed_rank_correlation_of_loss_with_time_below(
     assert len(deciding) == 1 and deciding[0].difference == pytest.approx(1.0)
     assert deciding[0].verdict == "better"  # every seed ranks perfectly: above the 0.5 margin
     assert {c.arm for c in comparisons} == set(failure.KINDS)
+
+
+def test_runs_whose_r_is_one_by_construction_never_decide_f1():
+    """A run compressed to (nearly) zero has R = 1 and loses everything: it would make any criterion look
+    right. Left out of F1's deciding correlation (which then sees no ranking), shown in a secondary one."""
+    rows = [
+        {"seed": seed, "run": f"r{i}", "gap_pt": float(seed - i % 2), "measured_median": 4.0,
+         **{f"{k}_below": (i * 7 % 5) / 5 for k in failure.KINDS}}
+        for seed in range(3) for i in range(5)
+    ] + [
+        {"seed": seed, "run": f"zero{i}", "gap_pt": -60.0, "measured_median": 1.0 + 0.01 * i,
+         **{f"{k}_below": 1.0 for k in failure.KINDS}}
+        for seed in range(3) for i in range(3)
+    ]  # fmt: skip
+    assert failure.trivial_runs(rows) == {"zero0", "zero1", "zero2"}
+    comparisons = compare(failure._correlation_pairs(Stalls(runs=("r0",), baseline=("b",)), rows, "s"))
+    (f1,) = [c for c in comparisons if c.family == "F1"]
+    (everything,) = [c for c in comparisons if c.arm == "measured, every run"]
+    assert f1.verdict != "better" and everything.verdict == "better" and f1.difference < everything.difference
+
+
+def test_f1_states_its_correlation_at_other_thresholds(tmp_path):
+    history = [(step, 0.5 + 0.25 * step) for step in range(8)]  # R from 0.5 up to 2.25
+    rows = [{"seed": 0, "run": f"r{i}", "gap_pt": -float(i), "measured_median": 2.0} for i in range(4)]
+    histories = {("r" + str(i), 0): {"measured": history[: 8 - i]} for i in range(4)}  # more time below
+    text = failure._threshold_sensitivity(Stalls(runs=("r0",), baseline=("b",)), rows, histories)
+    assert text.startswith("F1 at other thresholds") and "1.2: 1.00" in text and "1.73: 1.00" in text
+    assert "3: n/a (no ranking)" in text  # every run below 3 all the time
 
 
 def test_timing_counts_where_departure_follows_crossing():
@@ -98,3 +129,52 @@ def test_the_error_correlation_reads_the_cross_term_from_the_measured_energies()
     assert failure._error_correlation([row(1.0, 1.0, 0.5), row(1.0, 1.0, -0.5)]) == pytest.approx(0.0)
     assert failure._error_correlation([row(1.0, 0.0, 0.0)]) is None
     assert failure._error_correlation([{**row(1.0, 1.0, 0.0), "measured_noise": None}]) is None
+
+
+def _group(tmp_path, name: str, ratios: dict[int, list[float]], accuracy: dict[int, float]) -> RunGroup:
+    """A run of FP4 [1,3,0] (switched to fp32 at step 64) at each seed, its measured R at noise steps every
+    10 steps, 78 steps long."""
+    runs = {}
+    for seed, values in ratios.items():
+        folder = tmp_path / f"{name}{seed}"
+        folder.mkdir()
+        records = [_noise(10 * i, "l", signal=r * r, noise=1.0) for i, r in enumerate(values)]
+        (folder / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
+        config = {"compression": {"policy": "fp:format=e3m0", "switch_step": 64}, "model": "resnet18",
+                  "dataset": "fashion-mnist", "epochs": 1, "batch_size": 64}  # fmt: skip
+        summary = {"steps": 78, "final_test_accuracy": accuracy[seed]}
+        runs[seed] = Run(name, seed, folder, config, summary)
+    return RunGroup(name, runs)
+
+
+def test_f2_outside_its_regime_says_so_and_f3_is_the_share_of_the_gap_recovered(tmp_path):
+    """FP4 All the Way's late switch assumes R crosses sqrt(3) late: a format below it from the first noise
+    step is not its regime. F3 compares the share of the gap recovered, per seed, with none."""
+    early = {seed: [1.0] * 8 for seed in range(3)}
+    late_crossing = {seed: [3.0] * 5 + [1.0] * 3 for seed in range(3)}
+    fp32 = {0: 0.80, 1: 0.81, 2: 0.82}
+    throughout = _group(tmp_path, "t", early, {0: 0.60, 1: 0.61, 2: 0.62})
+    late = _group(tmp_path, "l", early, {0: 0.62, 1: 0.63, 2: 0.64})
+    settings = LateSwitch(baseline="b", throughout="t", guarded="g", late="l")
+    why = failure._regime(settings, throughout, late)
+    assert "falls below sqrt(3) at step 0 of 78" in why and "late switch comes at step 64" in why
+    assert failure._regime(settings, _group(tmp_path, "t2", late_crossing, fp32), late) is None
+    (share,) = compare(deciding("F3", [failure._recovered(settings, _group(tmp_path, "b", early, fp32),
+                                                          throughout, late, "late")]))  # fmt: skip
+    assert share.difference == pytest.approx(0.1) and share.seeds == 3 and share.margin == 0.2
+    assert share.verdict == "equivalent"  # a tenth of the gap, on every seed: within ±0.2 of none
+
+
+def test_l7_sets_the_noise_ratio_beside_a10s_flush_clip_criterion_on_the_same_runs(monkeypatch):
+    """Which criterion explains the held-out failures, in plain words: here R catches both, flush/clip one."""
+
+    models = SimpleNamespace(arms=[SimpleNamespace(name=name) for name in "abcd"], own={})
+
+    monkeypatch.setattr(failure, "flush_clip_failures", lambda arms, own, clipped, flushed: {
+        "a": True, "b": False, "c": False, "d": False})  # fmt: skip
+    outcomes = {"a": "fails", "b": "fails", "c": "trains", "d": "undecided"}
+    settings = Stalls(runs=("a",), baseline=("x",))
+    text = failure._side_by_side(settings, models, ["a", "b", "c", "d"], {"a", "b"}, outcomes)
+    assert "R's criterion right on 3 of 3, 2 of 2 failures caught" in text
+    assert "flush/clip criterion (more than 0.01 clipped or 0.99 flushed) right on 2 of 3, 1 of 2" in text
+    assert text.endswith("'nothing fails' right on 1: R explains every decided held-out run")

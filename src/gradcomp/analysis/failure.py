@@ -9,6 +9,7 @@ from __future__ import annotations
 import math
 import statistics
 from collections import Counter, defaultdict
+from dataclasses import replace
 
 import torch
 from scipy import stats
@@ -23,17 +24,20 @@ from gradcomp.analysis.accuracy import (
     outcome,
     run_row,
 )
-from gradcomp.analysis.claims import decide, deciding, undecided
+from gradcomp.analysis.claims import OUT_OF_REGIME, Decision, decide, deciding, undecided
+from gradcomp.analysis.fp import flush_clip_failures
 from gradcomp.analysis.runs import Run, RunGroup, training_context
 from gradcomp.analysis.seeds import CORRELATION, FRACTION, LINEAR, PerSeed
 from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
     EQUIVALENT,
+    GAP,
     Pair,
     by_arm,
     compare,
     correlation_pair,
+    one_sample,
     prediction_pair,
     summarise,
 )
@@ -48,6 +52,10 @@ KINDS = (*PREDICTIONS, "measured")
 SPEARMAN, HELD_OUT, SWITCH = "correlation", "held_out", "switch"  # F1's correlations, L7's pair; F2's
 UNCORRELATED = 0.1  # F0: an error whose correlation with the gradient is within this counts as noise
 CUTOFFS = tuple(c / 10 for c in range(10))  # L7: shares of time below the threshold tried on one model
+# a run whose median measured R lies within this of 1 carries (nearly) nothing: R = 1 is what a gradient
+# compressed to zero has by construction (the noise is the gradient), and a clipped one comes close; its
+# outcome is trivial, so it never decides F1 or L7 (reported apart)
+BY_CONSTRUCTION = 0.05
 Histories = dict[tuple[str, int], dict[str, list[tuple[int, float]]]]  # (run, seed) -> `noise_history`
 
 
@@ -301,37 +309,84 @@ def _run_rows(settings: Stalls, models: WithinModels, histories: Histories) -> l
                 below = [step for step, ratio in points if ratio < settings.threshold]
                 row[f"{kind}_below"] = len(below) / len(points) if points else None
                 row[f"{kind}_crossing"] = below[0] if below else None
+            row["measured_median"] = statistics.median(ratio for _, ratio in history["measured"])
             row["departure"] = _departure(run, base, settings.departure)
             row["gap_pt"] = 100 * (run.accuracy - base.accuracy)
             rows.append(row)
     return rows
 
 
+def trivial_runs(rows: list[dict]) -> set[str]:
+    """The runs whose measured R (the median over seeds of each seed's median over its noise steps) lies
+    within BY_CONSTRUCTION of 1."""
+    medians: dict[str, list[float]] = defaultdict(list)
+    for row in rows:
+        medians[row["run"]].append(row["measured_median"])
+    return {run for run, values in medians.items() if abs(statistics.median(values) - 1) <= BY_CONSTRUCTION}
+
+
+def _spearman_by_seed(rows: list[dict], share: str) -> dict[int, float]:
+    """Per seed, Spearman's correlation over the runs between the accuracy loss and `share` (a row key)."""
+    per_seed = {}
+    for seed in sorted({row["seed"] for row in rows}):
+        mine = [r for r in rows if r["seed"] == seed and r[share] is not None]
+        if len(mine) >= 4 and len({r[share] for r in mine}) > 1:  # a constant share ranks nothing
+            shares, losses = [r[share] for r in mine], [-r["gap_pt"] for r in mine]
+            per_seed[seed] = float(stats.spearmanr(shares, losses).statistic)
+    return per_seed
+
+
 def _correlation_pairs(settings: Stalls, rows: list[dict], scale: str) -> list[Pair]:
-    """Per kind of R, per seed: Spearman's correlation over the runs (trained at `scale`) between the
-    accuracy loss and the share of time below the threshold, against `correlation_margin` (F1 decided by
-    the measured R)."""
+    """Per kind of R, per seed: Spearman's correlation over the informative runs (trained at `scale`; runs
+    whose R is 1 by construction left out) between the accuracy loss and the share of time below the
+    threshold, against `correlation_margin` (F1 decided by the measured R); and, secondary, the measured one
+    with those runs in."""
+    trivial = trivial_runs(rows)
+    informative = [row for row in rows if row["run"] not in trivial]
     pairs = []
     for kind in KINDS:
-        per_seed = {}
-        for seed in sorted({row["seed"] for row in rows}):
-            mine = [r for r in rows if r["seed"] == seed and r[f"{kind}_below"] is not None]
-            if len(mine) >= 4:
-                per_seed[seed] = float(
-                    stats.spearmanr(
-                        [r[f"{kind}_below"] for r in mine], [-r["gap_pt"] for r in mine]
-                    ).statistic
-                )
         pair = correlation_pair(
             f"Spearman(accuracy loss, time with {kind} R < {settings.threshold:.3g}) over the runs",
-            per_seed,
+            _spearman_by_seed(informative, f"{kind}_below"),
             settings.correlation_margin,
             role=SPEARMAN,
             arm=kind,
             scale=scale,
         )
         pairs += deciding("F1", [pair]) if kind == "measured" else [pair]
+    if trivial:
+        pairs.append(
+            correlation_pair(
+                f"Spearman(accuracy loss, time with measured R < {settings.threshold:.3g}) over the runs, "
+                f"with the {len(trivial)} whose R is 1 by construction",
+                _spearman_by_seed(rows, "measured_below"),
+                settings.correlation_margin,
+                role=SPEARMAN,
+                arm="measured, every run",
+                scale=scale,
+            )
+        )
     return pairs
+
+
+def _threshold_sensitivity(settings: Stalls, rows: list[dict], histories: Histories) -> str:
+    """F1's correlation (mean over seeds, informative runs) at each threshold of `settings.sensitivity`."""
+    trivial = trivial_runs(rows)
+    parts = []
+    for threshold in sorted({*settings.sensitivity, settings.threshold}):
+        shares = []
+        for row in rows:
+            if row["run"] in trivial:
+                continue
+            points = histories[row["run"], row["seed"]]["measured"]
+            below = sum(ratio < threshold for _, ratio in points) / len(points)
+            shares.append(row | {"share": below})
+        rhos = list(_spearman_by_seed(shares, "share").values())
+        parts.append(f"{threshold:.3g}: " + (f"{sum(rhos) / len(rhos):.2f}" if rhos else "n/a (no ranking)"))
+    return (
+        "F1 at other thresholds (Spearman's rho between the accuracy loss and the time with measured R below "
+        f"the threshold, mean over seeds, informative runs): {', '.join(parts)}."
+    )
 
 
 def _timing(rows: list[dict]) -> str:
@@ -360,6 +415,8 @@ def _l7(settings: Stalls, rows: list[dict], models: WithinModels, outcomes: dict
     """L7: the share of time with the theory's R below the threshold that best separates failing from
     training FP runs on `fit_on`'s runs (ties: the cutoff nearest one half), applied to the other models'."""
     fp = {arm.name for arm in models.arms if isinstance(arm.policy, FloatingPoint)}  # L7 is about FP formats
+    trivial = sorted(fp & trivial_runs(rows))
+    fp -= set(trivial)
     shares: dict[str, list[float]] = defaultdict(list)
     for row in rows:
         if row["run"] in fp and row["theory_below"] is not None:
@@ -368,8 +425,20 @@ def _l7(settings: Stalls, rows: list[dict], models: WithinModels, outcomes: dict
     model = {row["run"]: row["model"] for row in rows}
     fit = [run for run in mean if model[run] == settings.fit_on and outcomes[run] != UNDECIDED]
     held = [run for run in mean if model[run] != settings.fit_on]
-    if not fit or not held:
-        why = f"no decided {settings.fit_on} FP run or no FP run of another model"
+    arms = {arm.name: arm for arm in models.arms}
+    apart = (
+        f"; left out as trivial (median measured R within {BY_CONSTRUCTION:g} of 1, as for a gradient "
+        f"flushed or clipped nearly whole): {', '.join(models.label(arms[run]) for run in trivial)}"
+        if trivial
+        else ""
+    )
+    families = {model[run] for run in held}
+    if not fit or len(held) < settings.min_held_out or len(families) < 2:
+        why = (
+            f"{len(fit)} decided informative {settings.fit_on} FP runs to fix the criterion on and "
+            f"{len(held)} informative held-out FP runs of {len(families)} other families; the design needs "
+            f"at least {settings.min_held_out} on at least 2{apart}"
+        )
         return undecided("L7", why), [], math.nan
 
     def agreement(cutoff: float) -> int:
@@ -381,12 +450,44 @@ def _l7(settings: Stalls, rows: list[dict], models: WithinModels, outcomes: dict
     fitted = (
         f"; criterion: the theory's R below {settings.threshold:.3g} for more than {cutoff:.0%} of the "
         f"noise steps, fixed on {settings.fit_on} (right for {agreement(cutoff)} of its {len(fit)} decided "
-        f"runs), applied to {len(held)} runs of {len({model[r] for r in held})} other models"
+        f"runs), applied to {len(held)} runs of {len(families)} other models{apart}"
     )
+    side = _side_by_side(settings, models, held, fails, outcomes)
     if pair is None:
-        return undecided("L7", f"the criterion predicts every held-out run alike{fitted}"), [], cutoff
+        return undecided("L7", f"the criterion predicts every held-out run alike{fitted}{side}"), [], cutoff
     comparisons = compare(deciding("L7", [pair]))
-    return decide("L7", comparisons, fitted), comparisons, cutoff
+    return decide("L7", comparisons, fitted + side), comparisons, cutoff
+
+
+def _side_by_side(
+    settings: Stalls, models: WithinModels, held: list[str], fails: set[str], outcomes: dict[str, str]
+) -> str:
+    """The noise-ratio criterion and A10's flush/clip criterion on the same held-out runs: which of them
+    explains the failures training decided, in words."""
+    arms = {arm.name: arm for arm in models.arms}
+    flush_clip = flush_clip_failures([arms[run] for run in held], models.own, *settings.flush_clip)
+    if flush_clip is None:
+        return "; A10's flush/clip criterion: not computed (a held-out model's fp32 run has no probe)"
+    decided = [run for run in held if outcomes[run] != UNDECIDED]
+    failed = [run for run in decided if outcomes[run] == FAILS]
+
+    def right(predicted: set[str]) -> tuple[str, bool]:
+        caught = sum(run in predicted for run in failed)
+        correct = sum((run in predicted) == (run in failed) for run in decided)
+        text = f"right on {correct} of {len(decided)}, {caught} of {len(failed)} failures caught"
+        return text, bool(decided) and correct == len(decided)
+
+    (ratio, ratio_all), (flush, flush_all) = right(fails), right({r for r, f in flush_clip.items() if f})
+    clipped, flushed = settings.flush_clip
+    names = [
+        name for name, all_right in (("R", ratio_all), ("the flush/clip criterion", flush_all)) if all_right
+    ]
+    verdict = " and ".join(names) + " explain" + "s" * (len(names) == 1) if names else "neither explains"
+    return (
+        f"; side by side on the {len(decided)} held-out runs training decided: R's criterion {ratio}; A10's "
+        f"flush/clip criterion (more than {clipped:g} clipped or {flushed:g} flushed) {flush}; 'nothing "
+        f"fails' right on {len(decided) - len(failed)}: {verdict} every decided held-out run"
+    )
 
 
 def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
@@ -410,6 +511,8 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
         per_run.add(row["seed"], row, **values, gap_pt=row["gap_pt"])
     table = [row | {"outcome": outcomes[row["run"]]} for row in per_run.rows()]
     f1 = decide("F1", correlations)
+    trivial = trivial_runs(rows)
+    table = [row | {"R = 1 by construction": row["run"] in trivial} for row in table]
     return Result(
         caption=_stalls_caption(settings, models, groups),
         tables={
@@ -422,6 +525,7 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
         comparisons=correlations + held_out + gaps,
         findings=[
             summarise(correlations),
+            _threshold_sensitivity(settings, rows, histories),
             _timing(rows),
             f"L7 on the noise ratio the lognormal fit predicts: {l7.status} ({l7.evidence}).",
         ],
@@ -450,7 +554,9 @@ def _stalls_caption(settings: Stalls, models: WithinModels, groups: dict[str, Ru
         accuracy loss and the time below the threshold, above {settings.correlation_margin:g}
         (superiority). L7: the same with the R the lognormal theory predicts, its cutoff fixed on
         {settings.fit_on} and applied to the other models' runs (held-out runs predicted to train against
-        those predicted to fail, superiority beyond ±{settings.margin:g} pt)."""
+        those predicted to fail, superiority beyond ±{settings.margin:g} pt). Runs whose median measured R
+        lies within {BY_CONSTRUCTION:g} of 1 (a gradient flushed or clipped nearly whole has R = 1 by
+        construction) decide neither and are flagged."""
 
 
 # --- F2 -----------------------------------------------------------------------------------------------------
@@ -463,12 +569,14 @@ def late_switch(settings: LateSwitch, runs: dict[str, RunGroup]) -> Result:
     margin, label = settings.margin, models.label
     pairs = [
         *deciding("F2", [accuracy_pair(late, baseline, margin, label)]),
-        *deciding("F3", [accuracy_pair(late, throughout, margin, label, SWITCH)]),
+        *deciding("F3", [_recovered(settings, baseline, throughout, late, label(late))]),
+        accuracy_pair(late, throughout, margin, label, SWITCH),
         accuracy_pair(throughout, baseline, margin, label),
         accuracy_pair(guarded, baseline, margin, label),
         accuracy_pair(guarded, throughout, margin, label, SWITCH),
     ]
     comparisons = compare(pairs)
+    regime = _regime(settings, throughout, late)
     rows = []
     for group in (baseline, throughout, guarded, late):
         bits = {seed: run.summary.get("switches", {}).get("average_bits") for seed, run in group.runs.items()}
@@ -491,7 +599,68 @@ def late_switch(settings: LateSwitch, runs: dict[str, RunGroup]) -> Result:
         tables={"main": Table("Accuracy and average gradient bits of each arm", rows)},
         comparisons=comparisons,
         findings=[summarise(comparisons)],
-        claims=[decide("F2", comparisons), decide("F3", comparisons)],
+        claims=[_f2(comparisons, regime, guarded.name), decide("F3", comparisons)],
+        facts={"regime": regime},
+    )
+
+
+def _recovered(
+    settings: LateSwitch, baseline: RunGroup, throughout: RunGroup, late: RunGroup, name: str
+) -> Pair:
+    """F3's comparison: per seed, the share of the gap to fp32 that the late switch recovers, (late -
+    throughout) / (fp32 - throughout), against none (seeds without a gap left out)."""
+    shares = {}
+    for seed in sorted(set(baseline.seeds) & set(throughout.seeds) & set(late.seeds)):
+        gap = baseline.accuracy[seed] - throughout.accuracy[seed]
+        if gap > 0:
+            shares[seed] = (late.accuracy[seed] - throughout.accuracy[seed]) / gap
+    return one_sample(
+        f"{name}: share of the gap to fp32 recovered", shares, 0.0, "none", margin=settings.fraction_margin,
+        higher_is_better=None, scale=late.scale,
+    )  # fmt: skip
+
+
+def _regime(settings: LateSwitch, throughout: RunGroup, late: RunGroup) -> str | None:
+    """Why F2 is not tested in its regime (None where it is): FP4 All the Way's quantization-aware finetuning
+    assumes the format's measured R crosses sqrt(3) late in training, after `late_from` of its steps."""
+    crossings, steps = [], []
+    for run in throughout.runs.values():
+        points = noise_history(run)["measured"]
+        below = [step for step, ratio in points if ratio < CRITICAL_RATIO]
+        crossings.append(below[0] if below else None)
+        steps.append(run.summary.get("steps"))
+    if not crossings or None in steps:
+        return f"{throughout.label} logged no measured noise ratio or no step count: its regime is unknown"
+    total = max(steps)
+    crossed = [c for c in crossings if c is not None]
+    if len(crossed) < len(crossings):
+        return (
+            f"{throughout.label}'s measured R stays above sqrt(3) on {len(crossings) - len(crossed)} of "
+            f"{len(crossings)} seeds: there is no crossing to switch after"
+        )
+    median = statistics.median(crossed)
+    if median >= settings.late_from * total:
+        return None
+    switch = late.config["compression"]["switch_step"]
+    return (
+        f"{throughout.label}'s measured R falls below sqrt(3) at step {median:g} of {total} (median over "
+        f"seeds), before {settings.late_from:.0%} of training, and the late switch comes at step {switch}: "
+        "the format fails early, where switching late cannot undo what was lost"
+    )
+
+
+def _f2(comparisons: list, regime: str | None, guarded: str) -> Decision:
+    """F2 decided by its deciding comparison where the format's R crosses sqrt(3) late; else recorded as
+    not tested in its regime, with the guard's comparison with fp32 as the test of the principle."""
+    decision = decide("F2", comparisons)
+    if regime is None:
+        return decision
+    guard = next(c for c in comparisons if c.arm == guarded and c.role == GAP)
+    return replace(
+        decision,
+        status=OUT_OF_REGIME,
+        evidence=f"{regime}. At this configuration: {decision.evidence}. The principle (switch to high "
+        f"precision where R crosses sqrt(3)) is tested by the guard: {guard.statement}",
     )
 
 
@@ -513,5 +682,8 @@ def _late_caption(
         {guard["noise_every"]} steps) and switched to fp32 in every layer from step
         {late.config["compression"]["switch_step"]} (the late switch), against fp32; with each arm's average
         bits per gradient element over training. {training_context(groups)}. F2 (FP4 All the Way, section 5):
-        the late switch non-inferior to fp32 within {settings.margin:g} pt; F3 (NVIDIA, appendix D): the
-        late switch equivalent to the format throughout within ±{settings.margin:g} pt."""
+        the late switch non-inferior to fp32 within {settings.margin:g} pt, where the format's measured R
+        first falls below sqrt(3) after {settings.late_from:.0%} of training (its regime; else recorded as
+        not tested there, with the guard against fp32 as the test of the principle); F3 (NVIDIA, appendix
+        D): the share of the gap to fp32 the late switch recovers, (late - throughout) / (fp32 -
+        throughout) per seed, equivalent to none within ±{settings.fraction_margin:g}."""

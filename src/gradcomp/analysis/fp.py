@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -557,6 +558,25 @@ class _Criterion:
         return (
             f"more than {self.max_clipped:g} clipped or {self.max_flushed:g} flushed ({self.scope} criterion)"
         )
+
+
+def flush_clip_failures(
+    arms: Sequence[RunGroup], own: Mapping[str, RunGroup], max_clipped: float, max_flushed: float
+) -> dict[str, bool] | None:
+    """A10's criterion on FP runs of other experiments: per run, whether the lognormal theory predicts more
+    of its non-zero gradient values clipped than `max_clipped` or flushed than `max_flushed` (element
+    criterion), from the probe of its model's uncompressed run (`own`); None where a baseline has no probe."""
+    layers: dict[str, _Layers] = {}
+    failing = {}
+    for arm in arms:
+        baseline = own[arm.name]
+        try:
+            mine = layers.setdefault(baseline.name, _Layers.of(baseline))
+        except (FileNotFoundError, ValueError):
+            return None
+        prediction = mine.summarise(mine.predict(_fp_member(arm).fmt, _log2_scales(arm, mine)))
+        failing[arm.name] = bool(_Criterion(max_clipped, max_flushed).fails(prediction))
+    return failing
 
 
 def _agreement(rows: list[dict], criterion: _Criterion) -> tuple[int, int, int]:

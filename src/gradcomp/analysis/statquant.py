@@ -49,6 +49,7 @@ from gradcomp.analysis.seeds import (
 )
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
+    BETTER,
     FAMILIES,
     GAP,
     Comparison,
@@ -105,21 +106,26 @@ def _measured(group: RunGroup, what: str) -> str:
 
 
 def _scheme_pairs(
-    values: PerSeed, key: str, name: str, unit: str, higher_is_better: bool, **pair
+    values: PerSeed, key: str, name: str, unit: str, higher_is_better: bool, layer: str | None = None, **pair
 ) -> list[Pair]:
-    """PSQ vs PTQ, BHQ vs PTQ and BHQ vs PSQ on the quantity `name` of rows keyed {key: scheme}."""
+    """PSQ vs PTQ, BHQ vs PTQ and BHQ vs PSQ on the quantity `name` of rows keyed {key: scheme}, or with
+    `layer` of rows keyed {"layer": layer, key: scheme}: each arm then names its layer and the reference is
+    "the same layer", so that a kind of comparison (e.g. PSQ vs PTQ) has one reference on every layer and
+    pools its planning sd over them."""
+    where = {} if layer is None else {"layer": layer}
     return [
         Pair(
-            NAMES[a],
-            NAMES[b],
-            values.values({key: a}, name),
-            values.values({key: b}, name),
+            NAMES[a] if layer is None else f"{NAMES[a]} on {layer}",
+            NAMES[b] if layer is None else f"{NAMES[b]} on the same layer",
+            values.values({**where, key: a}, name),
+            values.values({**where, key: b}, name),
             unit=unit,
             factor=1.0,
             higher_is_better=higher_is_better,
             role=ORDERING,
             arm=a,
             baseline=b,
+            kind=f"{NAMES[a]} vs {NAMES[b]}",
             **pair,
         )
         for a, b in (("psq", "ptq"), ("bhq", "ptq"), ("bhq", "psq"))
@@ -161,78 +167,149 @@ def _range_histogram(x: Tensor) -> list[dict]:
     ]
 
 
-def _b1_caption(settings: BinUsage, group: RunGroup) -> str:
+def _network_order(model: nn.Module, gradients: dict[str, Tensor]) -> list[str]:
+    """The layers of `gradients` in the model's module order (`output_gradients` records them in the order
+    the backward pass reaches them, last layer first)."""
+    return [name for name, _ in model.named_modules() if name in gradients]
+
+
+def _b1_caption(settings: BinUsage, group: RunGroup, layers: list[str]) -> str:
     levels = 2**settings.bits
     return f"""(a) Per-sample ranges (max - min) of the output gradient of {settings.layer} for one test
-        batch, first seed: the samples' scales differ by orders of magnitude, and PTQ's single range (dashed)
-        is set by the largest. (b-d) Histograms (log y) of the integer codes each element lands on at
-        {settings.bits} bits (codes 0-{levels - 1}) under PTQ, PSQ and BHQ (quantize_int's own stochastic
-        rounding), first seed: PTQ crowds most elements into a few central bins, per-sample scales (PSQ)
-        and the block Householder transform (BHQ) spread them (which of the two spreads more: the
-        comparisons below). Table: bins used, code
-        entropy and each scheme's quantization variance ({settings.draws} draws);
-        {_measured(group, "measured on the gradients")}. Comparisons: code entropy, paired by seed,
-        {FAMILIES}."""
+        batch, first seed (seed {group.seeds[0]}): the samples' scales differ by orders of magnitude, and
+        PTQ's single range (dashed) is set by the largest. (b-d) Histograms (log y) of the integer codes each
+        element of that gradient lands on at {settings.bits} bits (codes 0-{levels - 1}) under PTQ, PSQ and
+        BHQ (quantize_int's own stochastic rounding), first seed; in each panel the bins used and the code
+        entropy, mean over seeds. (e) Code entropy (bits; at most {settings.bits}) of every one of the
+        {len(layers)} quantized layers' output gradients ({layers[0]} to {layers[-1]}, in network order;
+        {settings.layer}, shaded, is the one of (a-d)), mean and 95 % CI over seeds; dotted: {settings.bits}
+        bits, every code equally often. Main table: per layer and scheme the distinct bins used, their
+        fraction of the {levels}, the code entropy, the fewest bins holding 99 % of the elements, and each
+        scheme's code-entropy verdict against PTQ; second table: {settings.layer}'s numbers with each
+        scheme's quantization variance ||Q(x) - x||^2 (mean over {settings.draws} draws), measured on that
+        layer only ({settings.draws} draws on every layer would cost {settings.draws} times the codes'
+        pass);
+        {_measured(group, "measured on the gradients")}. Comparisons: code entropy, paired by seed (higher
+        is better); PSQ and BHQ against PTQ on each of the {len(layers)} layers decide S1 as one family
+        ({2 * len(layers)} comparisons), BHQ against PSQ on {settings.layer} is secondary; {FAMILIES}."""
+
+
+def _b1_findings(bits: int, layers: list[str], against_ptq: dict[tuple[str, str], Comparison]) -> str:
+    """On how many layers PSQ and BHQ have a higher code entropy than PTQ (the mean difference over seeds),
+    on how many S1's comparisons find them better, and each one's smallest gain."""
+    higher, better, smallest, below = [], [], [], []
+    for scheme in ("psq", "bhq"):
+        mine = {layer: against_ptq[layer, scheme] for layer in layers}
+        higher.append(f"{NAMES[scheme]} on {sum(c.difference > 0 for c in mine.values())} of {len(layers)}")
+        better.append(f"{NAMES[scheme]} on {sum(c.verdict == BETTER for c in mine.values())}")
+        least = min(mine, key=lambda layer: mine[layer].difference)
+        smallest.append(f"{NAMES[scheme]} {mine[least].difference:+.3g} bits on {least}")
+        if not_above := [layer for layer, c in mine.items() if not c.difference > 0]:
+            below.append(f"{NAMES[scheme]} not above PTQ on {', '.join(not_above)}")
+    return (
+        f"Code entropy of {bits}-bit codes against PTQ on the same layer: higher (more of the bins used) for "
+        f"{', '.join(higher)} quantized layers; better after Holm over S1's {2 * len(layers)} comparisons: "
+        f"{', '.join(better)} (smallest gains: {', '.join(smallest)}"
+        + "".join(f"; {text}" for text in below)
+        + ")."
+    )
 
 
 def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
-    """B1: how many quantization bins each scheme uses on one layer's neural gradient."""
+    """B1: how many quantization bins each scheme uses on the neural gradient of every quantized layer, one
+    layer (`settings.layer`) in detail."""
     group = runs[settings.run]
     bits, levels = settings.bits, 2**settings.bits
     entropy_bounds = Bounds(0.0, float(bits))
     usage = PerSeed(
-        ("scheme",),
+        ("layer", "scheme"),
         {"used_fraction": FRACTION, "entropy_bits": entropy_bounds, "quantization_variance": POSITIVE},
     )
     spreads = PerSeed(("layer",), {"sigma_ln_sample_range": POSITIVE})
-    ranges_table, codes_table = [], []
+    ranges_table, codes_table, layers = [], [], []
     for seed, run, model in trained_models(group):
         gradients = output_gradients(model, *eval_batches(run, 1)[0])
         if settings.layer not in gradients:
-            known = ", ".join(gradients)
+            known = ", ".join(_network_order(model, gradients))
             raise KeyError(
                 f"experiments.B1.layer: {settings.layer!r} is not among the quantized layers: {known}"
             )
-        x = gradients[settings.layer]
-        ranges = row_ranges(x).double()
-        spreads.add(
-            seed, {"layer": settings.layer}, sigma_ln_sample_range=float(ranges[ranges > 0].log().std())
+        first = not layers
+        layers = layers or _network_order(model, gradients)
+        for layer in _network_order(model, gradients):
+            x = gradients[layer]
+            ranges = row_ranges(x).double()
+            spreads.add(seed, {"layer": layer}, sigma_ln_sample_range=float(ranges[ranges > 0].log().std()))
+            detailed = layer == settings.layer
+            if first and detailed:  # the figure shows the first seed's tensor
+                ranges_table = _range_histogram(x)
+            for scheme in SCHEMES:
+                counts, numbers = _code_usage(bin_codes(x, bits, scheme, seed=seed), levels)
+                # `draws` times the codes' cost per layer: on the detailed layer only
+                variance = (
+                    quantizer_variance(x, bits, scheme, settings.draws, seed=seed) if detailed else None
+                )
+                usage.add(seed, {"layer": layer, "scheme": scheme}, **numbers, quantization_variance=variance)
+                if first and detailed:
+                    codes_table += [
+                        {"scheme": scheme, "code": code, "elements": int(n)} for code, n in enumerate(counts)
+                    ]
+
+    by_layer = {
+        layer: _scheme_pairs(
+            usage,
+            "scheme",
+            "entropy_bits",
+            "bits of entropy",
+            True,
+            layer,
+            bounds=entropy_bounds,
+            scale=group.scale,
         )
-        first = not ranges_table
-        if first:  # the figure shows the first seed's tensor
-            ranges_table = _range_histogram(x)
-        for scheme in SCHEMES:
-            counts, numbers = _code_usage(bin_codes(x, bits, scheme, seed=seed), levels)
-            variance = quantizer_variance(x, bits, scheme, settings.draws, seed=seed)
-            usage.add(seed, {"scheme": scheme}, **numbers, quantization_variance=variance)
-            if first:
-                codes_table += [
-                    {"scheme": scheme, "code": code, "elements": int(n)} for code, n in enumerate(counts)
-                ]
-    pairs = _scheme_pairs(
-        usage, "scheme", "entropy_bits", "bits of entropy", True, bounds=entropy_bounds, scale=group.scale
-    )
-    comparisons = compare(deciding("S1", pairs[:2]) + pairs[2:])  # PSQ and BHQ against PTQ decide S1
-    (spread,) = spreads.rows()
-    findings = [
-        f"Code entropy of {bits}-bit codes on {settings.layer}: {summarise(comparisons)}.",
-        f"sigma of ln(per-sample range): {Estimate.read(spread, 'sigma_ln_sample_range').text()}.",
+        for layer in layers
+    }
+    # PSQ and BHQ against PTQ on every layer decide S1 as one family; BHQ against PSQ, on the detailed layer
+    # only, is secondary
+    deciders = deciding("S1", [pair for layer in layers for pair in by_layer[layer][:2]])
+    comparisons = compare([*deciders, *by_layer[settings.layer][2:]])
+    keys = [(layer, scheme) for layer in layers for scheme in ("psq", "bhq")]
+    against_ptq = dict(zip(keys, comparisons[: len(deciders)], strict=True))
+    rows = []
+    for row in usage.rows():  # the variance, on one layer only, is in the detailed table
+        verdict = against_ptq.get((row["layer"], row["scheme"]))
+        rows.append(
+            {key: value for key, value in row.items() if not key.startswith("quantization_variance")}
+            | ({} if verdict is None else {"vs_ptq": verdict.verdict})
+        )
+    detail = [row for row in usage.rows() if row["layer"] == settings.layer]
+    on_detail = [
+        against_ptq[settings.layer, "psq"],
+        against_ptq[settings.layer, "bhq"],
+        *comparisons[len(deciders) :],
     ]
+    spread = next(row for row in spreads.rows() if row["layer"] == settings.layer)
+    findings = [
+        _b1_findings(bits, layers, against_ptq),
+        f"Code entropy on {settings.layer}: {summarise(on_detail)}.",
+        f"sigma of ln(per-sample range) on {settings.layer}: "
+        f"{Estimate.read(spread, 'sigma_ln_sample_range').text()}.",
+    ]
+    note = scale_note({group.name: group})
     return Result(
-        caption=_b1_caption(settings, group),
+        caption=_b1_caption(settings, group, layers),
         tables={
             "main": Table(
-                f"Bin usage of {bits}-bit gradient quantizers ({settings.layer})",
-                usage.rows(),
-                note=scale_note({group.name: group}),
+                f"Bin usage of {bits}-bit gradient quantizers, every quantized layer", rows, note=note
             ),
+            "detail": Table(f"Bin usage and quantization variance on {settings.layer}", detail, note=note),
+            "spreads": Table("sigma of ln(per-sample range) per layer", spreads.rows(), markdown=False),
             "ranges": Table("Per-sample ranges (first seed)", ranges_table, markdown=False),
             "codes": Table("Code histograms (first seed)", codes_table, markdown=False),
         },
         comparisons=comparisons,
         findings=findings,
         claims=[decide("S1", comparisons)],
-        facts={"layer": settings.layer, "bits": bits},
+        facts={"layer": settings.layer, "bits": bits, "layers": layers},
     )
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from gradcomp.analysis.claims import Decision
 from gradcomp.analysis.seeds import Estimate, number
-from gradcomp.analysis.verdicts import INCONCLUSIVE, Comparison
+from gradcomp.analysis.verdicts import INCONCLUSIVE, POWER, Comparison
 from gradcomp.experiments import CLAIMS
 
 
@@ -115,8 +115,8 @@ def _family(comparison: Comparison) -> str:
 
 def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
     """The comparisons as a short table: their family (a claim's, or secondary), what is compared, the
-    difference with its 95 % interval, sign consistency, the minimum detectable effect, the verdict, what
-    would decide an open one and how likely a replicate is to reach the same verdict."""
+    difference with its 95 % interval, sign consistency, the minimum detectable effect, the verdict and what
+    would decide an open one."""
     rows = []
     for comparison in map(Comparison.from_row, comparisons):
         unit = f" {comparison.unit}" if comparison.unit else ""
@@ -127,29 +127,42 @@ def comparison_rows(comparisons: Sequence[dict]) -> list[dict]:
                 "comparison": f"{comparison.a} vs {comparison.b}",
                 "difference [95 % CI]": f"{comparison.difference:+.3g}{unit} {comparison.interval}",
                 "seeds agreeing": comparison.sign,
-                "detectable (80 % power)": ""
+                f"detectable ({100 * POWER:.0f} % power)": ""
                 if comparison.mde is None
                 else f"{number(comparison.mde)}{unit}",
                 "verdict": comparison.decision,
                 "to decide": comparison.needed if open_ else "",
-                "replicate": ""
-                if comparison.replicates is None
-                else f"{comparison.replicates:.2f}" + (" (knife-edge)" if comparison.knife_edge else ""),
             }
         )
     return rows
 
 
 def claim_rows(claims: Sequence[dict]) -> list[dict]:
+    """The claims an experiment decides: what it shows, its status, its plan against the seeds used and
+    its status at the plan's second margin."""
     return [
         {
             "claim": d["claim"],
             "this configuration": d["evidence"],
             "at this scale": d["status"],
-            "replication": d.get("replication", ""),
+            "seeds planned / used": plan_cell(d),
+            "plan": d.get("plan", ""),
+            "at the second margin": d.get("sensitivity", ""),
         }
         for d in claims
     ]
+
+
+def plan_cell(decision: dict) -> str:
+    """e.g. "4 / 6", "22 / 3 (under-powered)", "exact"."""
+    if decision.get("plan") == "exact":
+        return "exact"
+    planned, used = decision.get("planned"), decision.get("used")
+    if used is None:
+        return ""
+    planned_text = "none would do" if planned is None else str(planned)
+    short = planned is None or used < planned
+    return f"{planned_text} / {used}" + (" (under-powered)" if short else "")
 
 
 def record_markdown(record: Record) -> str:
@@ -161,7 +174,7 @@ def record_markdown(record: Record) -> str:
         lines += ["## The papers' claims, at this scale", "", to_markdown(claim_rows(record.claims))]
     if record.comparisons:
         lines += [
-            "## Paired comparisons across seeds (a - b; verdicts after Holm over the routes of each family)",
+            "## Paired comparisons across seeds (a - b; verdicts after Holm over each family's comparisons)",
             "",
             to_markdown(comparison_rows(record.comparisons)),
         ]

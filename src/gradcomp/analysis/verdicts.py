@@ -5,8 +5,7 @@ data order and random bits), through the per-seed differences a - b. Each compar
 the deciding comparisons of a claim (declared with the claim, `family` = its ID), a named question's (e.g.
 C2's theory against measurement), or a secondary comparison (`family` = ""), which is a family of its own:
 exploratory, it reaches the same verdict in every experiment that prints it. Each comparison has two routes
-to a verdict, tested at 0.05 after the Holm adjustment over every route of its family (equivalence and
-difference tests in one family):
+to a verdict:
 
 * for a two-sided comparison (`test` equivalence or difference, and every secondary one): *equivalent within
   +-m* when both one-sided tests (TOST) place the difference inside the declared margin m; *better* / *worse*
@@ -17,29 +16,35 @@ difference tests in one family):
   -m (non-inferiority); *better* when above +m, *worse* when below it (superiority, m = 0 where none is
   declared).
 
+The two routes' null hypotheses ("outside the margin", "inside it") partition the parameter space: at most one
+is true for any comparison, so a comparison counts as one hypothesis, tested by its smaller p (the
+partitioning principle: Finner and Strassburger, Ann. Statist. 30, 2002; for the three-way decision,
+Goeman, Solari and Stijnen, Stat. Med. 29, 2010). Holm's step-down runs over the family's comparisons, one
+p each; `tests/test_multiplicity.py` simulates families at the margin and checks the family-wise error.
+
 A difference inside the margin is never *worse*, so more seeds never turn a true effect's verdict around
 (one rule, monotone in evidence). Otherwise the comparison is *inconclusive*: its 95 % interval is stated
-(with "consistently higher/lower" where it excludes 0 but not the margin) with the seeds that would decide
-it: taking the observed difference as the true one, the fewer of the seeds that give either route 80 % power
-at 0.05 over the family's number of tests (Holm's first step), planned with the paired sd pooled over the
-comparable comparisons of the call (same reference, scale and unit) and given as a range over that sd's 95 %
-interval; never a count at or below the seeds used ("more than the N seeds used").
+(with "consistently higher/lower" where it excludes 0 but not the margin) with the seeds that would decide it:
+the fewest giving the deciding route 90 % power at 0.05 over the family (Holm's first step) at the stated
+effect (`Pair.effect`: a claim's, e.g. 0 for "no loss"; for an exploratory comparison the observed
+difference where it lies a standard error or more from the margin's edge, else 0 where a margin is
+declared), planned with the paired sd pooled over like comparisons only (same family, reference, scale, unit
+and kind of arm, by default the arm itself) and given as a range over that sd's 95 % interval with its
+degrees of freedom; never a count at or below the seeds used, and no count where the sd does not support one
+(the seeds used already enough at the planning sd, or nothing to plan at).
 
 Every comparison also reports the sign consistency (on how many of its seeds the difference has the sign of
 its mean), the minimum detectable effect (the true difference the paired t-test at 0.05, unadjusted, would
-find with 80 % power, given the seeds and the observed paired sd) and the probability that an independent
-replicate with as many seeds reaches the same verdict, were the observed difference the truth and the sd the
-upper end of the pooled sd's 95 % interval (each route at 0.05 over the family's tests): a verdict below 80 %
-is *knife-edge*. The upper end, not the pooled sd itself: an sd from 2-3 seeds can be several times too small,
-and a verdict that rests on a lucky small sd is the one a rerun on another machine overturns. The 95 %
-interval of a difference of bounded quantities (e.g. accuracies) is intersected with the differences they
-allow, which keeps its coverage.
+find with 90 % power, given the seeds and the observed paired sd) and its per-seed values. The 95 % interval
+of a difference of bounded quantities (e.g. accuracies) is intersected with the differences they allow,
+which keeps its coverage.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+import typing
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, fields
 
@@ -49,9 +54,8 @@ from scipy import optimize, stats
 from gradcomp.analysis.seeds import ALPHA, FRACTION, LINEAR, Bounds, Estimate, number
 from gradcomp.choices import CLAIM_TESTS
 
-POWER = 0.8
+POWER = 0.9  # every plan of seeds (a claim's, or what would decide a comparison) aims at this power
 MAX_SEEDS = 10_000  # beyond this, "seeds needed" reads "more than 10,000"
-REPLICATES = 0.8  # a verdict an independent replicate reaches less often than this is knife-edge
 BETTER, WORSE, EQUIVALENT, NONINFERIOR = "better", "worse", "equivalent", "non-inferior"
 INCONCLUSIVE = "inconclusive"
 VERDICTS = (BETTER, WORSE, EQUIVALENT, NONINFERIOR, INCONCLUSIVE)
@@ -66,8 +70,9 @@ class Pair:
     """One stated comparison: arm a against arm b (seed -> value each; b may be a constant, e.g. a target),
     its difference reported times `factor` in `unit`, with the margin (in `unit`; None: none declared), which
     side is better (None: a target, missed on either side), the bounds of the compared quantity, the training
-    scale the arms ran at (for tables and captions), its family (the claim it decides, "" for secondary) and
-    its test (see the module)."""
+    scale the arms ran at (for tables and captions), its family (the claim it decides, "" for secondary), its
+    test (see the module), the effect the seeds to decide it are planned at (in `unit`; None: the observed
+    difference) and the kind of arm it shares a planning sd with (None: none but itself)."""
 
     a: str
     b: str
@@ -86,6 +91,8 @@ class Pair:
     role: str = ""
     arm: str = ""
     baseline: str = ""
+    effect: float | None = None
+    kind: str | None = None
 
     def __post_init__(self) -> None:
         if self.test not in TESTS:
@@ -99,13 +106,16 @@ class Pair:
     def one_sided(self) -> bool:
         return self.test in (NON_INFERIORITY, SUPERIORITY)
 
-    def differences(self) -> np.ndarray:
-        """a - b on every shared seed (in seed order), times `factor`."""
+    def values(self) -> list[tuple[int, float, float]]:
+        """(seed, a, b) on every shared seed, in seed order."""
         if isinstance(self.b_values, Mapping):
             shared = sorted(set(self.a_values) & set(self.b_values))
-            pairs = [(self.a_values[s], self.b_values[s]) for s in shared]
-        else:
-            pairs = [(self.a_values[s], self.b_values) for s in sorted(self.a_values)]
+            return [(s, self.a_values[s], self.b_values[s]) for s in shared]
+        return [(s, self.a_values[s], self.b_values) for s in sorted(self.a_values)]
+
+    def differences(self) -> np.ndarray:
+        """a - b on every shared seed (in seed order), times `factor`."""
+        pairs = [(a, b) for _, a, b in self.values()]
         # rounded far below any reported digit, so that equal arms differ by exactly 0
         return np.round(np.asarray([(a - b) * self.factor for a, b in pairs], dtype=np.float64), 9)
 
@@ -116,17 +126,19 @@ class Pair:
         return (-span, span) if self.bounds.bounded else (-math.inf, math.inf)
 
     @property
-    def comparable(self) -> tuple:
-        """Pairs with the same key share a planning sd: the same reference, scale and unit."""
-        return (self.b, self.scale, self.unit, self.factor)
+    def like(self) -> tuple:
+        """Pairs with the same key share a planning sd: the same family, reference, scale, unit and kind of
+        arm (by default the arm itself, so that unlike arms never share one)."""
+        return (self.family, self.b, self.scale, self.unit, self.factor, self.kind or self.a)
 
 
 @dataclass(frozen=True)
 class Comparison:
     """A paired comparison a - b and its verdict (see the module docstring). `p` is the route beyond the
     margin (better / worse), `p_within` the route inside it (equivalent / non-inferior; for superiority the
-    route to "worse"), each unadjusted; `p_holm` the adjusted p of the route that decided, else the smaller
-    one. `seeds_needed` with its range over the pooled sd, `replicates`: see the module."""
+    route to "worse"), each unadjusted; `p_holm` the comparison's Holm-adjusted p (of its smaller route, the
+    one that decides). `seeds_needed` with its range over the planning sd's interval (`sd_pooled`, with
+    `sd_df` degrees of freedom), planned at the effect `planned_at`; `values`: (seed, a, b) behind it."""
 
     a: str
     b: str
@@ -143,9 +155,10 @@ class Comparison:
     agree: int  # seeds whose difference has the sign of the mean
     mde: float | None
     sd_pooled: float | None
+    sd_df: int | None
+    planned_at: float | None
     seeds_needed: int | None  # None: more than MAX_SEEDS, or nothing to decide
     seeds_range: tuple[int | None, int | None] | None
-    route_powers: tuple[float, float] | None  # a replicate's power: beyond the margin, inside it
     verdict: str
     unit: str
     higher_is_better: bool | None
@@ -155,6 +168,11 @@ class Comparison:
     role: str = ""
     arm: str = ""
     baseline: str = ""
+    values: tuple[tuple[int, float, float], ...] = ()
+
+    @property
+    def one_sided(self) -> bool:
+        return self.test in (NON_INFERIORITY, SUPERIORITY)
 
     @property
     def sign(self) -> str:
@@ -167,23 +185,6 @@ class Comparison:
         if math.isnan(self.ci_low):
             return "no interval (1 seed)"
         return f"[{self.ci_low:+.3g}, {self.ci_high:+.3g}]"
-
-    @property
-    def replicates(self) -> float | None:
-        """The probability that an independent replicate with as many seeds reaches this verdict."""
-        if self.route_powers is None:
-            return None
-        if self.verdict == INCONCLUSIVE:
-            return max(0.0, 1.0 - sum(self.route_powers))
-        within = self.verdict in (EQUIVALENT, NONINFERIOR) or (
-            self.test == SUPERIORITY and self.verdict == WORSE
-        )
-        return self.route_powers[1 if within else 0]
-
-    @property
-    def knife_edge(self) -> bool:
-        """Whether an independent replicate would reach this verdict less often than REPLICATES."""
-        return self.replicates is not None and self.replicates < REPLICATES
 
     @property
     def decision(self) -> str:
@@ -233,35 +234,48 @@ class Comparison:
         """What would decide an inconclusive comparison, in words."""
         if self.seeds < 2:
             return "a second seed would give an interval"
+        if self.sd_pooled is None or not self.sd_pooled > 0:
+            return "its seeds agree exactly: no spread to plan seeds with"
+        if self.planned_at is None:
+            return "its difference lies within a standard error of 0: no seed count the sd supports would do"
+        unit = f" {self.unit}" if self.unit else ""
+        at = (
+            "at the observed difference"
+            if self.planned_at == self.difference
+            else f"were the true difference {self.planned_at:+g}{unit}".replace("+0 ", "0 ")
+        )
+        sd = f"the planning sd {number(self.sd_pooled)}{unit}, {self.sd_df} df"
         if self.seeds_needed is None:
-            return "more than 10,000 seeds would be needed to decide it"
-        low, high = self.seeds_range or (self.seeds_needed, self.seeds_needed)
-        high_text = "over 10,000" if high is None else f"{high:,}"
+            return f"more than 10,000 seeds would be needed {at} ({sd})"
         if self.seeds_needed <= self.seeds:
             return (
-                f"more than the {self.seeds} seeds used would decide it (it sits at the decision's edge; "
-                f"up to {high_text} over the pooled sd's 95 % interval)"
+                f"the {self.seeds} seeds used give {100 * POWER:.0f} % power {at} ({sd}): the difference "
+                "seen is not that one, and no seed count the sd supports would decide it"
             )
+        low, high = self.seeds_range or (self.seeds_needed, self.seeds_needed)
         low = max(low or self.seeds_needed, self.seeds + 1)  # never a count at or below the seeds used
+        high_text = "over 10,000" if high is None else f"{high:,}"
         spread = (
-            ""
-            if low == high == self.seeds_needed
-            else f" ({low:,} to {high_text} over the pooled sd's 95 % interval)"
+            "" if low == high == self.seeds_needed else f"{low:,} to {high_text} over its 95 % interval; "
         )
-        about = f"about {self.seeds_needed:,} seeds{spread} would"
-        unit = f" {self.unit}" if self.unit else ""
+        about = f"about {self.seeds_needed:,} seeds ({spread}{sd}) would"
         if self.route_within and self.test == NON_INFERIORITY:
-            return f"{about} show it non-inferior within {self.margin:g}{unit}"
+            return f"{about} show it non-inferior within {self.margin:g}{unit} {at}"
         if self.route_within:
-            return f"{about} show it within ±{self.margin:g}{unit}"
+            return f"{about} show it within ±{self.margin:g}{unit} {at}"
         if self.margin:
-            return f"{about} find a difference of this size beyond ±{self.margin:g}{unit}"
-        return f"{about} find a difference of this size"
+            return f"{about} find it beyond ±{self.margin:g}{unit} {at}"
+        return f"{about} find it {at}"
 
     @property
     def route_within(self) -> bool:
         """Whether the seeds needed are those of the route inside the margin (else beyond it)."""
-        return self.within_margin and self.test != SUPERIORITY
+        if self.margin is None or self.planned_at is None or self.test == SUPERIORITY:
+            return False
+        if self.test == NON_INFERIORITY:
+            good = self.planned_at if self.higher_is_better is not False else -self.planned_at
+            return good > -self.margin
+        return abs(self.planned_at) < self.margin
 
     @property
     def seen(self) -> str:
@@ -281,7 +295,7 @@ class Comparison:
         return f"{text}, {self.decision}"
 
     def row(self) -> dict:
-        return {**asdict(self), "statement": self.statement, "replicates": self.replicates}
+        return {**asdict(self), "statement": self.statement}
 
     @classmethod
     def from_row(cls, row: Mapping) -> Comparison:
@@ -290,55 +304,37 @@ class Comparison:
         values = {key: row[key] for key in names if key in row}
         for key in ("difference", "sd", "ci_low", "ci_high", "p", "p_holm"):
             values[key] = math.nan if values[key] is None else values[key]
-        for key in ("seeds_range", "route_powers"):
-            values[key] = None if values[key] is None else tuple(values[key])
+        values["seeds_range"] = None if values["seeds_range"] is None else tuple(values["seeds_range"])
+        values["values"] = tuple(tuple(item) for item in values.get("values", ()))
         return cls(**values)
 
 
 def compare(pairs: Sequence[Pair]) -> list[Comparison]:
-    """The comparisons of one experiment, each Holm-adjusted over the routes of its family (the claim it
-    decides, a named question, or itself where secondary), each with its verdict."""
+    """The comparisons of one experiment, each Holm-adjusted over its family (the claim it decides, a named
+    question, or itself where secondary; one hypothesis per comparison, see the module), each with its
+    verdict and the seeds that would decide it."""
     tested = [_paired(pair) for pair in pairs]
     pooled = _pooled_sds(pairs, tested)
-    adjusted: list[dict] = [{} for _ in pairs]
     # a secondary comparison is its own family, so that a pair of runs reaches one verdict in every
     # experiment that prints it
     keys = [pair.family or i for i, pair in enumerate(pairs)]
-    counts: dict[str | int, int] = {}
-    for family in dict.fromkeys(keys):
-        members = [i for i, key in enumerate(keys) if key == family]
-        routes = [(i, route) for i in members for route in ("p", "p_within") if tested[i][route] is not None]
-        for (i, route), p_holm in zip(routes, holm([tested[i][route] for i, route in routes]), strict=True):
-            adjusted[i][route] = p_holm
-        counts[family] = sum(not math.isnan(tested[i][route]) for i, route in routes)
+    routes = [(t["p"], t["p_within"]) for t in tested]
+    decided = _decide(keys, pairs, routes, [t["difference"] for t in tested])
     comparisons = []
-    for key, pair, t, holm_p, sd_pooled in zip(keys, pairs, tested, adjusted, pooled, strict=True):
-        tests = counts[key]
-        beyond, within = holm_p.get("p", math.nan), holm_p.get("p_within", math.nan)
-        if within < ALPHA:
-            verdict = {NON_INFERIORITY: NONINFERIOR, SUPERIORITY: WORSE}.get(pair.test, EQUIVALENT)
-            decided = within
-        elif beyond < ALPHA:
-            verdict = _beyond_verdict(pair, t["difference"])
-            decided = beyond
-        else:
-            verdict, decided = (
-                INCONCLUSIVE,
-                min((p for p in (beyond, within) if not math.isnan(p)), default=math.nan),
-            )
-        alpha = ALPHA / max(tests, 1)
-        needed, needed_range = _seeds_needed(pair, t, alpha, sd_pooled)
+    for pair, t, (verdict, p_holm, tests), sd_pooled in zip(pairs, tested, decided, pooled, strict=True):
+        planned_at, needed, needed_range = _seeds_needed(pair, t, ALPHA / max(tests, 1), sd_pooled)
         comparisons.append(
             Comparison(
                 a=pair.a,
                 b=pair.b,
-                p_holm=decided,
+                p_holm=p_holm,
                 tests=tests,
                 margin=pair.margin,
                 sd_pooled=sd_pooled[0] if sd_pooled else None,
+                sd_df=sd_pooled[3] if sd_pooled else None,
+                planned_at=planned_at,
                 seeds_needed=needed,
                 seeds_range=needed_range,
-                route_powers=_route_powers(pair, t, alpha, sd_pooled),
                 verdict=verdict,
                 unit=pair.unit,
                 higher_is_better=pair.higher_is_better,
@@ -348,10 +344,61 @@ def compare(pairs: Sequence[Pair]) -> list[Comparison]:
                 role=pair.role,
                 arm=pair.arm,
                 baseline=pair.baseline,
+                values=tuple(pair.values()),
                 **t,
             )
         )
     return comparisons
+
+
+class _Spec(typing.Protocol):
+    """What a verdict or a plan needs of a comparison besides its numbers (a `Pair` or a `Comparison`)."""
+
+    test: str
+    margin: float | None
+    higher_is_better: bool | None
+
+    @property
+    def one_sided(self) -> bool: ...
+
+
+def _decide(
+    keys: Sequence[object],
+    specs: Sequence[_Spec],
+    routes: Sequence[tuple[float, float | None]],
+    differences: Sequence[float],
+) -> list[tuple[str, float, int]]:
+    """Each comparison's verdict, Holm-adjusted p and family size, from its routes' unadjusted p-values
+    (beyond the margin, inside it): Holm over each family (comparisons of one key) with one p per comparison,
+    the smaller of its two routes, which decides where the adjusted p is below ALPHA."""
+    smaller = [min((p for p in route if p is not None and p == p), default=math.nan) for route in routes]
+    adjusted = [math.nan] * len(keys)
+    counts: dict[object, int] = {}
+    for family in dict.fromkeys(keys):
+        members = [i for i, key in enumerate(keys) if key == family]
+        for i, p_holm in zip(members, holm([smaller[i] for i in members]), strict=True):
+            adjusted[i] = p_holm
+        counts[family] = sum(not math.isnan(smaller[i]) for i in members)
+    decided = []
+    for key, spec, (_, within), p, p_holm, difference in zip(
+        keys, specs, routes, smaller, adjusted, differences, strict=True
+    ):
+        if not p_holm < ALPHA:
+            verdict = INCONCLUSIVE
+        elif within is not None and within == p:
+            verdict = {NON_INFERIORITY: NONINFERIOR, SUPERIORITY: WORSE}.get(spec.test, EQUIVALENT)
+        else:
+            verdict = _beyond_verdict(spec, difference)
+        decided.append((verdict, p_holm, counts[key]))
+    return decided
+
+
+def at_margin(comparisons: Sequence[Comparison], margin: float) -> list[str]:
+    """The verdicts `comparisons` (one family) would reach were their margin `margin`: the same tests on the
+    same seeds (for a claim's sensitivity to its margin)."""
+    routes = [_routes(c.test, margin, c.higher_is_better, c.seeds, c.difference, c.sd) for c in comparisons]
+    decided = _decide([0] * len(comparisons), comparisons, routes, [c.difference for c in comparisons])
+    return [verdict for verdict, _, _ in decided]
 
 
 # how captions state the adjustment
@@ -369,10 +416,10 @@ def by_arm(comparisons: Sequence[Comparison], role: str = GAP) -> dict[str, Comp
     return {c.arm: c for c in comparisons if c.role == role}
 
 
-def _beyond_verdict(pair: Pair, difference: float) -> str:
-    if pair.one_sided:
-        return BETTER if (difference > 0) == pair.higher_is_better else WORSE
-    better = pair.higher_is_better is not None and (difference > 0) == pair.higher_is_better
+def _beyond_verdict(spec: _Spec, difference: float) -> str:
+    if spec.test in (NON_INFERIORITY, SUPERIORITY):
+        return BETTER if (difference > 0) == spec.higher_is_better else WORSE
+    better = spec.higher_is_better is not None and (difference > 0) == spec.higher_is_better
     return BETTER if better else WORSE
 
 
@@ -382,43 +429,52 @@ def _paired(pair: Pair) -> dict:
     estimate = Estimate.of(differences)
     n, mean, sd = estimate.n, estimate.mean, estimate.sd
     agree = int(np.sum(np.sign(differences) == np.sign(mean))) if n else 0
+    p, p_within = _routes(pair.test, pair.margin, pair.higher_is_better, n, mean, sd)
     result = {
         "seeds": n,
         "difference": mean,
         "sd": sd,
         "ci_low": math.nan,
         "ci_high": math.nan,
-        "p": math.nan,
-        "p_within": None if pair.margin is None and not pair.one_sided else math.nan,
+        "p": p,
+        "p_within": p_within,
         "agree": agree,
         "mde": None,
     }
+    if n >= 2:
+        low, high = pair.limits
+        result["ci_low"], result["ci_high"] = max(estimate.ci_low, low), min(estimate.ci_high, high)
+        result["mde"] = minimum_detectable_effect(n, sd) if sd > 0 else 0.0
+    return result
+
+
+def _routes(
+    test: str, margin: float | None, higher_is_better: bool | None, n: int, mean: float, sd: float
+) -> tuple[float, float | None]:
+    """The unadjusted p of the route beyond the margin and of the route inside it (None: no such route, a
+    two-sided comparison without a margin; NaN: fewer than 2 seeds)."""
+    one_sided = test in (NON_INFERIORITY, SUPERIORITY)
+    within: float | None = None if margin is None and not one_sided else math.nan
     if n < 2:
-        return result
-    low, high = pair.limits
-    result["ci_low"], result["ci_high"] = max(estimate.ci_low, low), min(estimate.ci_high, high)
-    result["mde"] = minimum_detectable_effect(n, sd) if sd > 0 else 0.0
-    margin = pair.margin or 0.0
-    if pair.one_sided:
-        good = mean if pair.higher_is_better else -mean
-        edge = -margin if pair.test == NON_INFERIORITY else margin
+        return math.nan, within
+    edge = margin or 0.0
+    if one_sided:
+        good = mean if higher_is_better else -mean
+        edge = -edge if test == NON_INFERIORITY else edge
         above, below = _one_sided(good - edge, sd, n)  # H0 good <= edge; H0 good >= edge
         # the route beyond: worse below -m (non-inferiority), better above +m (superiority)
-        result["p"], result["p_within"] = (below, above) if pair.test == NON_INFERIORITY else (above, below)
-        return result
+        return (below, above) if test == NON_INFERIORITY else (above, below)
     if sd == 0:  # the same difference on every seed: nothing to test it against
-        result["p"] = 0.0 if abs(mean) > margin else 1.0
-        if pair.margin is not None:
-            result["p_within"] = 0.0 if abs(mean) < pair.margin else 1.0
-        return result
+        beyond = 0.0 if abs(mean) > edge else 1.0
+        return beyond, None if margin is None else (0.0 if abs(mean) < margin else 1.0)
     standard_error = sd / math.sqrt(n)
     # beyond the margin on the observed side (two-sided form): against 0 without a margin
-    result["p"] = float(min(1.0, 2 * stats.t.sf((abs(mean) - margin) / standard_error, n - 1)))
-    if pair.margin is not None:
-        upper = stats.t.sf((mean + pair.margin) / standard_error, n - 1)  # H0: difference <= -m
-        lower = stats.t.cdf((mean - pair.margin) / standard_error, n - 1)  # H0: difference >= +m
-        result["p_within"] = float(max(upper, lower))
-    return result
+    beyond = float(min(1.0, 2 * stats.t.sf((abs(mean) - edge) / standard_error, n - 1)))
+    if margin is None:
+        return beyond, None
+    upper = stats.t.sf((mean + margin) / standard_error, n - 1)  # H0: difference <= -m
+    lower = stats.t.cdf((mean - margin) / standard_error, n - 1)  # H0: difference >= +m
+    return beyond, float(max(upper, lower))
 
 
 def _one_sided(distance: float, sd: float, n: int) -> tuple[float, float]:
@@ -429,44 +485,93 @@ def _one_sided(distance: float, sd: float, n: int) -> tuple[float, float]:
     return float(stats.t.sf(t, n - 1)), float(stats.t.cdf(t, n - 1))
 
 
-def _pooled_sds(pairs: Sequence[Pair], tested: Sequence[Mapping]) -> list[tuple[float, float, float] | None]:
-    """Each pair's planning sd: the paired sd pooled over the comparable pairs (same reference, scale and
-    unit) with its 95 % interval (chi-square), or None where no pair of its kind has 2 seeds."""
+def _pooled_sds(
+    pairs: Sequence[Pair], tested: Sequence[Mapping]
+) -> list[tuple[float, float, float, int] | None]:
+    """Each pair's planning sd: the paired sd pooled over its like pairs (`Pair.like`) with its 95 % interval
+    (chi-square) and degrees of freedom, or None where no pair of its kind has 2 seeds."""
     sums: dict[tuple, list[float]] = {}
     for pair, t in zip(pairs, tested, strict=True):
         if t["seeds"] >= 2:
-            total = sums.setdefault(pair.comparable, [0.0, 0.0])
+            total = sums.setdefault(pair.like, [0.0, 0])
             total[0] += (t["seeds"] - 1) * t["sd"] ** 2
             total[1] += t["seeds"] - 1
-    pooled: list[tuple[float, float, float] | None] = []
+    pooled: list[tuple[float, float, float, int] | None] = []
     for pair in pairs:
-        if pair.comparable not in sums:
+        if pair.like not in sums:
             pooled.append(None)
             continue
-        squares, df = sums[pair.comparable]
+        squares, df = sums[pair.like]
         sd = math.sqrt(squares / df)
-        low = sd * math.sqrt(df / stats.chi2.ppf(1 - ALPHA / 2, df))
-        high = sd * math.sqrt(df / stats.chi2.ppf(ALPHA / 2, df))
-        pooled.append((sd, low, high))
+        pooled.append((sd, *sd_interval(sd, df), int(df)))
     return pooled
 
 
+def sd_interval(sd: float, df: int) -> tuple[float, float]:
+    """The 95 % interval of a standard deviation estimated with `df` degrees of freedom (chi-square)."""
+    return (
+        sd * math.sqrt(df / stats.chi2.ppf(1 - ALPHA / 2, df)),
+        sd * math.sqrt(df / stats.chi2.ppf(ALPHA / 2, df)),
+    )
+
+
 def _seeds_needed(
-    pair: Pair, t: Mapping, alpha: float, pooled: tuple[float, float, float] | None
-) -> tuple[int | None, tuple[int | None, int | None] | None]:
-    """The seeds that would decide the comparison by its nearer route (see the module), at the pooled sd and
-    over its interval: None with fewer than 2 seeds, no spread, or nothing to find."""
+    pair: Pair, t: Mapping, alpha: float, pooled: tuple[float, float, float, int] | None
+) -> tuple[float | None, int | None, tuple[int | None, int | None] | None]:
+    """The effect the plan is at, and the seeds that would decide the comparison at it at the planning sd and
+    over its interval: the stated effect where there is one, else the observed difference where it lies a
+    standard error or more from the margin's edge, else 0 where a margin is declared (None with fewer than 2
+    seeds, no spread, or nothing to plan at)."""
     if t["seeds"] < 2 or pooled is None or not pooled[0] > 0:
-        return None, None
+        return None, None, None
+    effect = pair.effect
+    if effect is None:  # exploratory: at the observed difference where the seeds place it off the edge
+        standard_error = t["sd"] / math.sqrt(t["seeds"])
+        supported = _distance(pair, t["difference"]) >= standard_error
+        effect = t["difference"] if supported else 0.0 if pair.margin is not None else None
+    route = None if effect is None else _route_at(pair, effect)
+    if effect is None or route is None:
+        return None, None, None
 
     def needed(sd: float) -> int | None:
-        counts = [n for n in (_route_seeds(pair, t["difference"], sd, alpha, r) for r in (0, 1)) if n]
-        return min(counts, default=None)
+        return _route_seeds(pair, effect, sd, alpha, route)
 
-    return needed(pooled[0]), (needed(pooled[1]), needed(pooled[2]))
+    return effect, needed(pooled[0]), (needed(pooled[1]), needed(pooled[2]))
 
 
-def _route_power(pair: Pair, difference: float, sd: float, alpha: float, route: int, n: int) -> float:
+def _distance(pair: _Spec, effect: float) -> float:
+    """How far `effect` lies from the edge between the comparison's two conclusions."""
+    margin = pair.margin or 0.0
+    if pair.one_sided:
+        good = effect if pair.higher_is_better else -effect
+        return abs(good - (-margin if pair.test == NON_INFERIORITY else margin))
+    return abs(abs(effect) - margin)
+
+
+def _route_at(pair: _Spec, effect: float) -> int | None:
+    """The route (0 beyond the margin, 1 inside it) a true difference `effect` would decide by; None at the
+    edge between them, where no seed count decides."""
+    if _distance(pair, effect) == 0:
+        return None
+    margin = pair.margin or 0.0
+    if pair.one_sided:
+        good = effect if pair.higher_is_better else -effect
+        above = good > (-margin if pair.test == NON_INFERIORITY else margin)
+        return int(above) if pair.test == NON_INFERIORITY else int(not above)
+    if pair.margin is None:
+        return 0
+    return int(abs(effect) < margin)
+
+
+def planned_seeds(spec: _Spec, effect: float, sd: float, tests: int) -> int | None:
+    """The seeds at which a comparison's test reaches the conclusion a true difference `effect` implies with
+    POWER at ALPHA over `tests` comparisons (Holm's first step), were `sd` the paired sd (None: none up to
+    MAX_SEEDS, or the effect on the margin's edge)."""
+    route = _route_at(spec, effect)
+    return None if route is None else _route_seeds(spec, effect, sd, ALPHA / max(tests, 1), route)
+
+
+def _route_power(pair: _Spec, difference: float, sd: float, alpha: float, route: int, n: int) -> float:
     """Power at n seeds of route 0 (beyond the margin) or 1 (inside it), were `difference` and `sd` true."""
     margin = pair.margin or 0.0
     if pair.one_sided:
@@ -486,22 +591,10 @@ def _route_power(pair: Pair, difference: float, sd: float, alpha: float, route: 
     return tost_power(n, margin / sd, difference / sd, alpha)
 
 
-def _route_seeds(pair: Pair, difference: float, sd: float, alpha: float, route: int) -> int | None:
+def _route_seeds(pair: _Spec, difference: float, sd: float, alpha: float, route: int) -> int | None:
     if _route_power(pair, difference, sd, alpha, route, MAX_SEEDS) < POWER:
         return None
     return _smallest_n(lambda n: _route_power(pair, difference, sd, alpha, route, n))
-
-
-def _route_powers(
-    pair: Pair, t: Mapping, alpha: float, pooled: tuple[float, float, float] | None
-) -> tuple[float, float] | None:
-    """Each route's power for an independent replicate with as many seeds, at the upper end of the pooled
-    sd's interval (see the module)."""
-    n = t["seeds"]
-    if n < 2 or pooled is None or not pooled[0] > 0:
-        return None
-    beyond, within = (_route_power(pair, t["difference"], pooled[2], alpha, route, n) for route in (0, 1))
-    return beyond, within
 
 
 def summarise(comparisons: Sequence[Comparison]) -> str:

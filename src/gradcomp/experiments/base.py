@@ -237,10 +237,41 @@ def named_in(value: Any) -> list[str]:
 # --- the registry -------------------------------------------------------------------------------------------
 
 
+NO_LOSS = "0: the claim is that nothing is lost"
+PILOT = "the committed figures of 2bf856b"  # the runs the plans' sds come from (before the runs they plan)
+
+
+@dataclass(frozen=True)
+class Plan:
+    """A claim's design, fixed before the runs that decide it (pre-registration). `sd`: the paired sd of a
+    deciding comparison (in its unit), pooled over like comparisons of a pilot only (same family, scale,
+    metric, reference and kind of arm; `source` names them, `df` its degrees of freedom; where the deciding
+    comparisons differ in kind, the largest group's). `effect`: the true difference a - b the seeds are
+    planned at (0 for "no loss", the paper's number where it states one, else the pilot's smallest decided
+    effect: `effect_source` says which). The claim's planned seeds follow (power 0.9 at 0.05 over its
+    deciding comparisons, `gradcomp.analysis.claims`). `decided_in`: the configuration whose runs decide it
+    (others show it at their scale and cite that one). `sensitivity`: a second margin the verdict is also
+    shown at, and why (the paper's own number, or a stricter one where the paper states none)."""
+
+    sd: float
+    df: int
+    source: str
+    effect: float = 0.0
+    effect_source: str = NO_LOSS
+    decided_in: str = "default"
+    sensitivity: tuple[float, str] | None = None
+
+    def __post_init__(self) -> None:
+        if not (self.sd > 0 and self.df >= 1):
+            raise ValueError(f"a plan needs a positive sd and at least 1 degree of freedom, got {self}")
+
+
 @dataclass(frozen=True)
 class Claim:
-    """A verified claim of one of the two papers (from the reference digests: abstracts, theorems, the
-    authors' code; no table values were available), decided by the experiment `experiment`."""
+    """A verified claim of one of the papers (from the reference digests: abstracts, theorems, the
+    authors' code; no table values were available), decided by the experiment `experiment` by its `test`;
+    `margin` says where the margin (a setting of the experiment) comes from; `plan` is its pre-registered
+    design (None: decided by exact computation)."""
 
     id: str
     experiment: str
@@ -248,9 +279,12 @@ class Claim:
     text: str
     test: str  # how its deciding comparisons decide it (gradcomp.choices.CLAIM_TESTS)
     margin: str  # why the margin (the value is a setting of the experiment)
+    plan: Plan | None = None
 
     def __post_init__(self) -> None:
         choose(f"claim {self.id}'s test", self.test, CLAIM_TESTS)
+        if (self.plan is None) != (self.test == EXACT):
+            raise ValueError(f"claim {self.id}: a plan is needed exactly where the test is not exact")
 
 
 @dataclass(frozen=True)
@@ -329,11 +363,12 @@ def register(
     stage: str,
     title: str,
     params: type[Params],
-    claims: Mapping[str, tuple[str, str, str, str]] | None = None,
+    claims: Mapping[str, tuple[str, str, str, str, Plan | None]] | None = None,
     kinds: Mapping[str, RunKind] | None = None,
 ) -> None:
-    """Add an experiment; `claims`: claim ID -> (paper, claim, test, why the margin) for each verified claim
-    it decides; `kinds`: setting -> what the runs it names must have trained (`RunKind`)."""
+    """Add an experiment; `claims`: claim ID -> (paper, claim, test, where the margin comes from, its plan)
+    for each verified claim it decides; `kinds`: setting -> what the runs it names must have trained
+    (`RunKind`)."""
     EXPERIMENTS[id] = Experiment(id, slug, stage, title, params, dict(kinds or {}))
-    for claim, (paper, text, test, margin) in (claims or {}).items():
-        CLAIMS[claim] = Claim(claim, id, paper, text, test, margin)
+    for claim, (paper, text, test, margin, plan) in (claims or {}).items():
+        CLAIMS[claim] = Claim(claim, id, paper, text, test, margin, plan)

@@ -8,8 +8,10 @@ from dataclasses import dataclass
 
 from gradcomp.experiments.base import (
     LOGNORMAL,
+    PILOT,
     SUPERIORITY,
     AcrossModels,
+    Plan,
     register,
 )
 
@@ -57,6 +59,13 @@ register(
             "than light-tailed (Gaussian, Laplace) models (abstract; Kolmogorov-Smirnov tests).",
             SUPERIORITY,
             "none: the claim is an ordering of fits (any consistent difference in the KS statistic)",
+            Plan(
+                0.0218,
+                2,
+                f"lognormal vs exponential on DeiT (noisiest of 8 deciding) ({PILOT}: default, seeds 0-2)",
+                -0.273,
+                "the pilot's smallest decided effect (the same comparison)",
+            ),
         )
     },
 )

@@ -15,13 +15,16 @@ from gradcomp.experiments.base import (
     EQUIVALENCE,
     LOGNORMAL,
     NON_INFERIORITY,
+    PILOT,
     SUPERIORITY,
     UNCOMPRESSED,
     AcrossModels,
     CompareWithinModels,
     Params,
+    Plan,
     register,
 )
+from gradcomp.experiments.fp import MAX_CLIPPED, MAX_FLUSHED
 from gradcomp.policies import Chain, parse_policy
 
 
@@ -80,12 +83,19 @@ class Stalls(CompareWithinModels):
     `correlation_margin`. L7: the share of time with the R the lognormal theory predicts below the
     threshold that best tells failing runs (worse than fp32 beyond `margin`) from training ones on
     `fit_on`'s runs, then applied to the other models' runs: those it predicts to train lose less than those
-    it predicts to fail, beyond `margin`."""
+    it predicts to fail, beyond `margin`. Runs whose measured R is 1 by construction (a gradient flushed or
+    clipped nearly whole) decide neither; L7 needs `min_held_out` informative held-out runs on at least two
+    other families, and is shown beside A10's flush/clip criterion (`flush_clip`: the largest clipped and
+    flushed shares of a run that trains) on the same runs; F1 is also shown at the thresholds of
+    `sensitivity`."""
 
     fit_on: str = "resnet18"
     threshold: float = math.sqrt(3.0)
     correlation_margin: float = 0.5
     departure: float = 0.1
+    sensitivity: tuple[float, ...] = (1.2, 1.5, 2.0, 2.5, 3.0)  # F1 also shown at these thresholds
+    min_held_out: int = 6  # L7 needs this many informative held-out FP runs, on at least 2 other families
+    flush_clip: tuple[float, float] = (MAX_CLIPPED, MAX_FLUSHED)  # A10's criterion, shown beside L7's
 
     def __post_init__(self) -> None:
         super().__post_init__()
@@ -98,17 +108,24 @@ class LateSwitch(Params):
     """F2: one format trained `throughout`, with the precision guard (`guarded`: fp32 from where a layer's
     predicted R stays below sqrt(3)) and with a fixed late switch of the whole backward pass to fp32
     (`late`), against fp32 (`baseline`), all of one model and scale; accuracy differences within `margin`
-    points count as none."""
+    points count as none. F2 is in its regime where the format's measured R first falls below sqrt(3) after
+    `late_from` of training (else it is recorded as not tested there); F3 compares the share of the gap to
+    fp32 the late switch recovers with none, within `fraction_margin`."""
 
     baseline: str
     throughout: str
     guarded: str
     late: str
     margin: float = 1.0
+    late_from: float = 0.5  # F2's regime: the format's measured R crosses sqrt(3) after this share of steps
+    fraction_margin: float = 0.2  # F3: a share of the gap recovered within this counts as none
 
     def __post_init__(self) -> None:
-        if not self.margin > 0:
-            raise ValueError(f"margin must be positive, got {self.margin}")
+        if not (self.margin > 0 and 0 < self.late_from < 1 and 0 < self.fraction_margin < 1):
+            raise ValueError(
+                f"margin must be positive, late_from and fraction_margin in (0, 1), got {self.margin}, "
+                f"{self.late_from}, {self.fraction_margin}"
+            )
 
     def named_runs(self, all_runs: Sequence[str]) -> list[str]:
         return [self.baseline, self.throughout, self.guarded, self.late]
@@ -128,6 +145,13 @@ register(
             SUPERIORITY,
             "a rank correlation above 0.5: the criterion must order most runs to serve as a guard, not "
             "merely correlate",
+            Plan(
+                0.0446,
+                2,
+                f"the per-seed Spearman rho at the short scale ({PILOT}: default, seeds 0-2)",
+                0.83,
+                "the pilot's decided effect (the same comparison)",
+            ),
         ),
         "L7": (
             LOGNORMAL,
@@ -136,6 +160,15 @@ register(
             "the noise ratio its fit predicts, fixed on one model and applied to the others.",
             SUPERIORITY,
             "a run fails when it is worse than fp32 of its model beyond the accuracy margin",
+            Plan(
+                1.88,
+                2,
+                "held-out runs predicted to train vs those predicted to fail at the short scale, the runs "
+                f"whose R is 1 by construction left out ({PILOT}: default, seeds 0-2)",
+                5.0,
+                "5 pt: a failing run loses 5 pt more than a training one, the least separation that explains "
+                "failures (the pilot's effect without trivial runs, -1.8 pt, lies on the wrong side)",
+            ),
         ),
     },
     kinds={"baseline": UNCOMPRESSED, "runs": COMPRESSED},
@@ -155,13 +188,29 @@ register(
             "precision (section 5, quantization-aware finetuning).",
             NON_INFERIORITY,
             ACCURACY_MARGIN,
+            Plan(
+                0.813,
+                5,
+                f"FP4 [1,3,0] switched late vs fp32 at the full scale ({PILOT}: converged, seeds 8-13)",
+                decided_in="converged",
+            ),
         ),
         "F3": (
             NVIDIA_NVFP4,
             "Switching only the backward pass to high precision late in training recovers nothing of the "
             "gap (appendix D, in contrast to FP4 All the Way).",
             EQUIVALENCE,
-            ACCURACY_MARGIN,
+            "0.2 of the gap to fp32, as the share the late switch recovers: the paper states none; a fifth "
+            "is the least a user would call a partial recovery (FP4 All the Way's finetuning claims it all)",
+            Plan(
+                0.05,
+                5,
+                "the late switch's share of the gap at the full scale, from the pilot's paired sds (0.165 pt "
+                f"of recovery over a 3.38 pt gap; {PILOT}: converged, seeds 8-13)",
+                0.0,
+                "0: the claim is that the switch recovers nothing",
+                decided_in="converged",
+            ),
         ),
     },
     kinds={"baseline": UNCOMPRESSED, "throughout": COMPRESSED, "guarded": COMPRESSED, "late": COMPRESSED},

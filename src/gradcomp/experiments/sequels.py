@@ -10,10 +10,12 @@ from gradcomp.experiments.base import (
     LUQ,
     MVUE,
     NON_INFERIORITY,
+    PILOT,
     SEQUEL_RUN,
     SUPERIORITY,
     UNCOMPRESSED,
     CompareWithinModels,
+    Plan,
     register,
 )
 
@@ -56,6 +58,12 @@ register(
             "4 bits loses 1.1 % top-1 (abstract).",
             NON_INFERIORITY,
             "the paper's own loss: 1.1 accuracy points",
+            Plan(
+                1.15,
+                2,
+                f"LUQ4 vs fp32 on ResNet18 at the full scale ({PILOT}: converged F1, seeds 8-10)",
+                decided_in="converged",
+            ),
         ),
         "Q2": (
             MVUE,
@@ -63,6 +71,13 @@ register(
             "than other unbiased N:M estimators (theorem).",
             SUPERIORITY,
             "none: the claim is an ordering",
+            Plan(
+                0.0292,
+                2,
+                f"MVUE 2:4 vs naive unbiased 2:4 ln variance ({PILOT}: default, seeds 0-2)",
+                -2.15,
+                "the pilot's decided effect (the same comparison)",
+            ),
         ),
     },
     kinds={"baseline": UNCOMPRESSED, "runs": SEQUEL_RUN},

@@ -13,21 +13,27 @@ from gradcomp.experiments.base import (
     EXACT_RUN,
     FQT_RUN,
     NON_INFERIORITY,
+    PILOT,
     QAT_RUN,
     QUANTIZED_FORWARD,
     STATQUANT,
     SUPERIORITY,
     AtCheckpoint,
     Params,
+    Plan,
     register,
 )
 
 
 @dataclass(frozen=True)
 class BinUsage(AtCheckpoint):
+    """B1. How many of the `bits`-bit codes each scheme uses on the output gradient of every quantized layer
+    (its code entropy against PTQ's decides S1 on each); `layer` is the one shown in detail, and the only one
+    whose quantization variance (`draws` stochastic draws per scheme) is measured."""
+
     bits: int = 8
     layer: str = "layer2.0.conv1"
-    draws: int = 10  # stochastic draws of each scheme's variance
+    draws: int = 10  # stochastic draws of each scheme's variance on `layer`
 
 
 @dataclass(frozen=True)
@@ -95,7 +101,7 @@ register(
     id="B1",
     slug="bin_usage",
     stage="statquant",
-    title="Quantization bins used by PTQ, PSQ and BHQ on one neural gradient",
+    title="Quantization bins used by PTQ, PSQ and BHQ on the neural gradient of every quantized layer",
     params=BinUsage,
     claims={
         "S1": (
@@ -104,6 +110,14 @@ register(
             "different ranges; per-sample scales (PSQ, BHQ) use more of the bins (analysis).",
             SUPERIORITY,
             "none: the claim is an ordering",
+            Plan(
+                0.0963,
+                2,
+                "PSQ vs PTQ code entropy on layer2.0.conv1, the one layer the pilot measured (noisier of "
+                f"its 2; {PILOT}: default, seeds 0-2)",
+                4.44,
+                "the pilot's smaller decided effect (PSQ, on that layer; no pilot measured every layer)",
+            ),
         )
     },
     kinds={"run": QUANTIZED_FORWARD},
@@ -122,6 +136,13 @@ register(
             "PSQ and BHQ have a lower gradient variance than PTQ (theorem).",
             SUPERIORITY,
             "none: the claim is an ordering",
+            Plan(
+                0.188,
+                2,
+                f"PSQ vs PTQ ln variance (noisier of 2 deciding) ({PILOT}: default, seeds 0-2)",
+                -3.15,
+                "the pilot's smaller decided effect (PSQ)",
+            ),
         ),
         "S3": (
             STATQUANT,
@@ -129,6 +150,13 @@ register(
             "N D R^2 / 4B^2).",
             EQUIVALENCE,
             "0.25 in ln of the per-bit factor: 4x within a factor 1.28, between 3.1x and 5.1x per bit",
+            Plan(
+                0.0315,
+                2,
+                f"PTQ's ln(per-bit factor / 4) (noisiest of 3 deciding) ({PILOT}: default, seeds 0-2)",
+                0.0,
+                "0: the claim is a factor of 4 per bit",
+            ),
         ),
     },
     kinds={"run": QUANTIZED_FORWARD},
@@ -149,6 +177,13 @@ register(
             EQUIVALENCE,
             "0.1 in the log-log slope of the error against draws: an unbiased mean falls with slope -1/2, "
             "a bias flattens it",
+            Plan(
+                0.0355,
+                5,
+                f"PSQ's slope against -1/2 (noisiest of 3 deciding) ({PILOT}: default, seeds 0-5)",
+                0.0,
+                "0: an unbiased estimator's slope is -1/2",
+            ),
         )
     },
     kinds={"run": QUANTIZED_FORWARD},
@@ -168,6 +203,15 @@ register(
             "ImageNet).",
             NON_INFERIORITY,
             ACCURACY_MARGIN,
+            Plan(
+                0.340,
+                5,
+                f"5-bit BHQ vs QAT at 8 epochs ({PILOT}: converged, seeds 8-13)",
+                -0.5,
+                "the paper's own loss: 'only about 0.5 %'",
+                decided_in="converged",
+                sensitivity=(0.5, "the paper's own number ('only about 0.5 %' lost)"),
+            ),
         )
     },
     kinds={"exact": EXACT_RUN, "qat": QAT_RUN, "runs": FQT_RUN},

@@ -26,18 +26,18 @@ NAMES = {"ptq": "PTQ (per tensor)", "psq": "PSQ (per sample)", "bhq": "BHQ (bloc
 
 
 def bin_usage(record: Record) -> Figure:
-    ranges, codes = record.rows("ranges"), record.rows("codes")
-    usage = {row["scheme"]: row for row in record.rows()}
-    bits = record.facts["bits"]
+    ranges, codes, rows = record.rows("ranges"), record.rows("codes"), record.rows()
+    layer, layers, bits = record.facts["layer"], record.facts["layers"], record.facts["bits"]
+    usage = {row["scheme"]: row for row in rows if row["layer"] == layer}
     levels = 2**bits
-    figure, axes = subplots(ncols=2, nrows=2, width=5.0, height=3.6)
+    figure, axes = subplots(ncols=2, nrows=3, width=5.0, height=3.6)
     ax = axes[0][0]
     edges = [ranges[0]["left"], *(row["right"] for row in ranges)]
     ax.stairs([row["samples"] for row in ranges], edges, fill=True, color="C7")
     ax.axvline(ranges[0]["whole_tensor_range"], color="k", ls="--", label="whole-tensor range (PTQ)")
     samples, width = ranges[0]["shape"]
     ax.set(xscale="log", xlabel="per-sample range max - min of dL/dH", ylabel="samples")
-    ax.set_title(f"(a) {record.facts['layer']}: {samples} samples x {width} values", fontsize=10)
+    ax.set_title(f"(a) {layer}: {samples} samples x {width} values", fontsize=10)
     ax.legend(fontsize=8)
     code_axes = (axes[0][1], axes[1][0], axes[1][1])
     for ax, scheme, letter in zip(code_axes, SCHEMES, "bcd", strict=True):
@@ -56,6 +56,40 @@ def bin_usage(record: Record) -> Figure:
             fontsize=8,
         )
         ax.set_ylim(0.5, 2 * samples * width)  # one count scale, so that heights compare across schemes
+    # (e) on the last row, across it: each scheme's code entropy on every layer, in network order
+    grid = axes[2][0].get_subplotspec().get_gridspec()
+    for ax in axes[2]:
+        ax.remove()
+    ax = figure.add_subplot(grid[2, :])
+    positions = np.arange(len(layers))
+    for scheme, offset in zip(SCHEMES, (-0.2, 0.0, 0.2), strict=True):
+        mine = {row["layer"]: row for row in rows if row["scheme"] == scheme}
+        errorbars(
+            ax,
+            [mine[name] for name in layers],
+            "entropy_bits",
+            positions + offset,
+            fmt="o-",
+            markersize=3,
+            linewidth=0.8,
+            capsize=2,
+            color=COLOURS[scheme],
+            label=NAMES[scheme],
+        )
+    detail = layers.index(layer)
+    ax.axvspan(detail - 0.45, detail + 0.45, color="C7", alpha=0.2, linewidth=0, label=f"{layer}: (a-d)")
+    ax.axhline(bits, color="k", ls=":", lw=1, label=f"{bits} bits: every code equally often")
+    step = -(-len(layers) // 40)  # at most 40 names on the axis
+    ax.set_xticks(positions[::step], layers[::step], rotation=90, fontsize=7)
+    ax.set(
+        xlim=(-0.6, len(layers) - 0.4),
+        ylim=(0, 1.05 * bits),
+        xlabel="quantized layer, in network order",
+        ylabel="code entropy (bits)",
+    )
+    seeds = max(row["seeds"] for row in rows)
+    ax.set_title(f"(e) every layer, {bits} bits: mean and 95 % CI over {seeds} seeds", fontsize=10)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     return figure
 
 
