@@ -305,6 +305,8 @@ class Comparison:
         for key in ("difference", "sd", "ci_low", "ci_high", "p", "p_holm"):
             values[key] = math.nan if values[key] is None else values[key]
         values["seeds_range"] = None if values["seeds_range"] is None else tuple(values["seeds_range"])
+        for key in ("sd_df", "planned_at"):  # records written before plans were stated lack them
+            values.setdefault(key, None)
         values["values"] = tuple(tuple(item) for item in values.get("values", ()))
         return cls(**values)
 
