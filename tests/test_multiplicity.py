@@ -1,6 +1,7 @@
 """Simulations of the decision rule: the family-wise error of Holm over one hypothesis per comparison (the
-partitioning principle) at the margin, and the power a claim's plan prints against the rate at which
-simulated replicates at the planned seeds reach the claim's conclusion.
+partitioning principle) at the margin, and each probability the tables print against its simulated rate:
+the power of a claim's plan (replicates at the planned seeds reaching the claim's conclusion) and the power
+behind the minimum detectable effect.
 
 Each simulated family draws per-seed paired differences (normal, sd 1 in the comparison's unit) and goes
 through the rule's own steps: each comparison's two routes (`_routes`), then Holm and the verdicts
@@ -12,6 +13,7 @@ import math
 
 import numpy as np
 import pytest
+from scipy import stats
 
 from gradcomp.analysis.claims import CLAIMED, _status
 from gradcomp.analysis.verdicts import (
@@ -30,6 +32,7 @@ from gradcomp.analysis.verdicts import (
     _route_power,
     _routes,
     compare,
+    minimum_detectable_effect,
     planned_seeds,
 )
 from gradcomp.experiments import CLAIMS
@@ -151,3 +154,13 @@ def test_the_simulated_steps_are_the_rule_compare_applies():
         expected = _verdicts(pairs, values[None])[0]
         assert [c.verdict for c in compare(pairs)] == expected
     assert set(CLAIMED) == {EQUIVALENCE, "difference", NON_INFERIORITY, SUPERIORITY} and WORSE
+
+
+@pytest.mark.parametrize("seeds", [3, 6])
+def test_the_printed_detectable_effect_is_found_at_its_stated_power(seeds):
+    """The tables' "detectable (90 % power)": at that true difference the paired t-test at 0.05 finds it at
+    the stated rate (within 0.05), simulated."""
+    effect = minimum_detectable_effect(seeds, 1.0)
+    draws = np.random.default_rng(seeds).normal(effect, 1.0, (FAMILIES, seeds))
+    found = np.mean(stats.ttest_1samp(draws, 0.0, axis=1).pvalue < ALPHA)
+    assert abs(found - POWER) <= 0.05, f"{seeds} seeds: found {found:.3f} at {effect:.3f} sd"
