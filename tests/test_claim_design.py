@@ -88,3 +88,33 @@ def test_the_claims_table_cites_the_deciding_configuration_and_replications_on_o
     assert "refuted at 2 epochs, 2 seeds (figures/converged)" in l3.split("|")[-2]  # replication
     l1 = next(line for line in table.splitlines() if line.startswith("| L1"))
     assert "| this configuration | not replicated |" in l1
+
+
+def test_a_summary_cites_every_other_configuration_beside_it(tmp_path):
+    """F2's plan names config/failure: the default's summary finds its decision in figures/failure, and the
+    convergence sweep's in figures/converged, without being told where to look."""
+    from gradcomp.analysis.summary import write_summary
+
+    data = {
+        "id": "",
+        "title": "",
+        "caption": "",
+        "tables": {},
+        "comparisons": [],
+        "findings": [],
+        "facts": {},
+    }
+    decisions = [
+        ("default", "refuted", [0, 1]),
+        ("failure", "shown", [8]),
+        ("converged", "inconclusive", [9]),
+    ]
+    for folder, status, seeds in decisions:
+        (tmp_path / folder).mkdir()
+        row = {"claim": "F2", "status": status, "evidence": "e", "seeds": "s", "scale": folder,
+               "seed_ids": seeds}  # fmt: skip
+        (tmp_path / folder / "F2_late_switch.json").write_text(json.dumps(data | {"claims": [row]}))
+    summary = write_summary(tmp_path / "default", tmp_path / "S.md").read_text()
+    f2 = next(line for line in summary.splitlines() if line.startswith("| F2"))
+    assert "| shown at failure, s (figures/failure) |" in f2
+    assert f2.endswith("| inconclusive at converged, s (figures/converged) |")

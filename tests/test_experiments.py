@@ -19,7 +19,7 @@ from gradcomp.plots.style import save_figure
 from gradcomp.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
-SHIPPED = ("default", "gpu", "gpu_headline", "converged", "cifar10", "imagenet")
+SHIPPED = ("default", "gpu", "gpu_headline", "converged", "failure", "cifar10", "imagenet")
 CONFIGS = [*(f"config/{name}.yaml" for name in SHIPPED), "tests/pipeline_tiny.yaml"]
 TINY = yaml.safe_load((ROOT / "tests" / "pipeline_tiny.yaml").read_text())
 TRAINED = ("baseline", "qat8", "other_baseline")  # measured at checkpoints (A1-A3, A10 probe; B1-B3, X2)

@@ -22,7 +22,9 @@ from gradcomp.pipeline import (
 )
 
 
-@pytest.mark.parametrize("name", ["default", "gpu", "gpu_headline", "cifar10", "imagenet", "converged"])
+@pytest.mark.parametrize(
+    "name", ["default", "gpu", "gpu_headline", "cifar10", "imagenet", "converged", "failure"]
+)
 def test_dry_run_of_every_shipped_config(name):
     # --forceall: the whole DAG even where `make run` has already produced the outputs
     dry = run_snakemake("-n", "--forceall", "--cores", "2", "--configfile", f"config/{name}.yaml")

@@ -9,6 +9,7 @@ the scale these runs were trained at.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 
 from gradcomp.analysis.seeds import ALPHA
@@ -55,6 +56,17 @@ def _decisions(folder: Path) -> dict[str, list[dict]]:
     return found
 
 
+def _cited(figures: Path, cited: Sequence[Path] | None) -> dict[str, list[dict]]:
+    """The decisions of every folder in `cited` (default: the folders beside `figures`), by claim."""
+    folders = cited if cited is not None else sorted(p for p in figures.parent.iterdir() if p.is_dir())
+    merged: dict[str, list[dict]] = {}
+    for folder in folders:
+        if folder.resolve() != figures.resolve():
+            for claim, rows in _decisions(folder).items():
+                merged.setdefault(claim, []).extend(rows)
+    return merged
+
+
 def _first(rows: list[dict], kinds: tuple[str, ...]) -> dict | None:
     return next((row for kind in kinds for row in rows if row["kind"] == kind), None)
 
@@ -68,7 +80,8 @@ def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[
         mine, theirs = here.get(claim.id, []), other.get(claim.id, [])
         row = _first(mine, (OWN, LONGEST, REPLICATED))
         decided_in = "" if claim.plan is None else claim.plan.decided_in
-        deciding = row if decided_in in ("", name) else _first(theirs, (LONGEST, OWN))
+        there = [r for r in theirs if r["where"] == decided_in]
+        deciding = row if decided_in in ("", name) else _first(there, (LONGEST, OWN))
         shown = [r for r in (row, deciding) if r is not None]
         rows.append(
             {
@@ -114,10 +127,10 @@ def _replications(shown: list[dict], rows: list[dict]) -> str:
     return "; ".join(_citation(row, row["where"]) for row in rows if independent(row)) or "not replicated"
 
 
-def write_summary(figures: Path, out: str | Path, cited: Path | None = None) -> Path:
+def write_summary(figures: Path, out: str | Path, cited: Sequence[Path] | None = None) -> Path:
     """Gather the `<ID>_<slug>.json` records under `figures` into a Markdown summary at `out`, citing the
-    decisions the records under `cited` make for its claims (default: the other committed configuration
-    beside it, figures/converged for any but itself, figures/default for it)."""
+    decisions the records under the folders `cited` make for its claims (default: every other
+    configuration's folder beside it, e.g. figures/converged for figures/default)."""
     records = {
         experiment.id: Record.load(path)
         for experiment in experiments().values()
@@ -133,7 +146,7 @@ def write_summary(figures: Path, out: str | Path, cited: Path | None = None) -> 
         _claims_table(
             figures.name,
             _decisions(figures),
-            _decisions(cited or figures.parent / ("default" if figures.name == "converged" else "converged")),
+            _cited(figures, cited),
         ),
     ]
     for experiment in experiments().values():

@@ -192,7 +192,7 @@ register(
                 0.813,
                 5,
                 f"FP4 [1,3,0] switched late vs fp32 at the full scale ({PILOT}: converged, seeds 8-13)",
-                decided_in="converged",
+                decided_in="failure",
             ),
         ),
         "F3": (
@@ -209,7 +209,7 @@ register(
                 f"of recovery over a 3.38 pt gap; {PILOT}: converged, seeds 8-13)",
                 0.0,
                 "0: the claim is that the switch recovers nothing",
-                decided_in="converged",
+                decided_in="failure",
             ),
         ),
     },
