@@ -530,7 +530,12 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
             f"L7 on the noise ratio the lognormal fit predicts: {l7.status} ({l7.evidence}).",
         ],
         claims=[f1, l7],
-        facts={"threshold": settings.threshold, "cutoff": cutoff, "kinds": list(KINDS)},
+        facts={
+            "threshold": settings.threshold,
+            "cutoff": cutoff,
+            "kinds": list(KINDS),
+            "by_construction": sorted(trivial),
+        },
     )
 
 
@@ -556,7 +561,7 @@ def _stalls_caption(settings: Stalls, models: WithinModels, groups: dict[str, Ru
         {settings.fit_on} and applied to the other models' runs (held-out runs predicted to train against
         those predicted to fail, superiority beyond ±{settings.margin:g} pt). Runs whose median measured R
         lies within {BY_CONSTRUCTION:g} of 1 (a gradient flushed or clipped nearly whole has R = 1 by
-        construction) decide neither and are flagged."""
+        construction) decide neither (hollow in (a))."""
 
 
 # --- F2 -----------------------------------------------------------------------------------------------------

@@ -65,9 +65,19 @@ def stalls(record: Record) -> Figure:
     ax = axes[0][0]
     model_of = {row["run"]: row["model"] for row in runs}
     models = list(dict.fromkeys(model_of.values()))
+    by_construction = set(record.facts.get("by_construction", ()))
     for index, model in enumerate(models):
         mine = [row for row in rows if model_of[row["run"]] == model]
-        errorbars(ax, mine, "gap_pt", "measured_below", fmt="o", color=f"C{index}", label=model, markersize=4)
+        for trivial in (False, True):  # runs whose R is 1 by construction: hollow, they decide nothing
+            drawn = [row for row in mine if (row["run"] in by_construction) == trivial]
+            if drawn:
+                face = "none" if trivial else f"C{index}"
+                errorbars(ax, drawn, "gap_pt", "measured_below", fmt="o", color=f"C{index}", markersize=4,
+                          markerfacecolor=face, label=None if trivial else model)  # fmt: skip
+    if by_construction:
+        ax.plot(
+            [], [], "o", color="grey", markerfacecolor="none", markersize=4, label="R = 1 by construction"
+        )
     ax.axhline(0, color="grey", linewidth=0.6)
     ax.set(
         xlabel=f"share of noise steps with measured R < {threshold:.3g}", ylabel="accuracy gap to fp32 (pt)"
