@@ -108,7 +108,8 @@ def late_switch(record: Record) -> Figure:
     positions = np.arange(len(rows))
     errorbars(ax, rows, "accuracy", positions, fmt="o", color="C0")
     labels = [
-        row["label"] + ("" if row["average_bits"] is None else f"\n{row['average_bits']:.1f} bits")
+        row["label"].replace("] [", "]\n[")
+        + ("" if row["average_bits"] is None else f"\n{row['average_bits']:.1f} bits")
         for row in rows
     ]
     ax.set_xticks(positions, labels, fontsize=7)
