@@ -216,20 +216,6 @@ class Comparison:
         return f"90 % interval [{self.difference - half:+.3g}, {self.difference + half:+.3g}]"
 
     @property
-    def within_margin(self) -> bool:
-        """Whether the observed difference lies on the side of the margin that the route `p_within` shows."""
-        if self.margin is None:
-            return False
-        if self.test == NON_INFERIORITY:
-            return self.good_side > -self.margin
-        return abs(self.difference) < self.margin
-
-    @property
-    def good_side(self) -> float:
-        """The difference in the better direction (for directional tests)."""
-        return self.difference if self.higher_is_better is not False else -self.difference
-
-    @property
     def needed(self) -> str:
         """What would decide an inconclusive comparison, in words."""
         if self.seeds < 2:
@@ -664,7 +650,7 @@ def _mde_in_sds(n: int) -> float:
 
 
 def minimum_detectable_effect(n: int, sd: float) -> float:
-    """The true difference the paired t-test (two-sided, ALPHA, unadjusted) finds with 80 % power."""
+    """The true difference the paired t-test (two-sided, ALPHA, unadjusted) finds with POWER."""
     return _mde_in_sds(n) * sd
 
 
@@ -681,13 +667,8 @@ def _smallest_n(power) -> int | None:
 
 
 def seeds_for_equivalence(sd: float, margin: float, difference: float = 0.0) -> int | None:
-    """Seeds at which the TOST at `margin` has 80 % power, were the true difference `difference`."""
+    """Seeds at which the TOST at `margin` has POWER, were the true difference `difference`."""
     return _smallest_n(lambda n: tost_power(n, margin / sd, difference / sd))
-
-
-def seeds_for_difference(sd: float, difference: float, alpha: float = ALPHA) -> int | None:
-    """Seeds at which the paired t-test at `alpha` finds `difference` with 80 % power."""
-    return _smallest_n(lambda n: t_test_power(n, difference / sd, alpha))
 
 
 def one_sample(
