@@ -168,7 +168,8 @@ def decide(
 def _plan(claim: str, mine: Sequence[Comparison]) -> tuple[int | None, str]:
     """The claim's planned seeds and its plan in words."""
     plan = CLAIMS[claim].plan
-    assert plan is not None, f"claim {claim} is decided by computation, not by seeds"
+    if plan is None:
+        raise ValueError(f"claim {claim} is decided by computation (`computed`), not by seeds")
     spec = mine[0]
     planned = planned_seeds(spec, plan.effect, plan.sd, len(mine))
     unit = f" {spec.unit}" if spec.unit else ""
