@@ -93,10 +93,15 @@ def test_the_claims_table_cites_the_deciding_configuration_and_replications_on_o
     }
     record("converged", "X4_training_budget.json", [], x4)
     table = _claims_table("default", _decisions(tmp_path / "default"), _decisions(tmp_path / "converged"))
-    l3 = next(line for line in table.splitlines() if line.startswith("| L3"))
+    glance, full = table.split("### In full")
+    assert (
+        "| L3 | FP6 gradients lose no accuracy |" in glance
+        and "| shown (converged) | refuted (converged) |" in glance
+    )
+    l3 = next(line for line in full.splitlines() if line.startswith("| L3"))
     assert "shown at 8 epochs, 2 seeds (figures/converged)" in l3.split("|")[-3]  # deciding
     assert "refuted at 2 epochs, 2 seeds (figures/converged)" in l3.split("|")[-2]  # replication
-    l1 = next(line for line in table.splitlines() if line.startswith("| L1"))
+    l1 = next(line for line in full.splitlines() if line.startswith("| L1"))
     assert "| this configuration | not replicated |" in l1
 
 
@@ -125,6 +130,6 @@ def test_a_summary_cites_every_other_configuration_beside_it(tmp_path):
                "seed_ids": seeds}  # fmt: skip
         (tmp_path / folder / "F2_late_switch.json").write_text(json.dumps(data | {"claims": [row]}))
     summary = write_summary(tmp_path / "default", tmp_path / "S.md").read_text()
-    f2 = next(line for line in summary.splitlines() if line.startswith("| F2"))
+    f2 = next(line for line in summary.split("### In full")[1].splitlines() if line.startswith("| F2"))
     assert "| shown at failure, s (figures/failure) |" in f2
     assert f2.endswith("| inconclusive at converged, s (figures/converged) |")

@@ -20,6 +20,7 @@ computed exactly (no seeds), shown or refuted.
 
 from __future__ import annotations
 
+import math
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, replace
@@ -75,6 +76,7 @@ class Decision:
     sensitivity: str = ""
     seed_ids: tuple[int, ...] = ()
     margin: str = ""  # the deciding comparisons' margin, e.g. "1 pt" (empty: none declared)
+    headline: str = ""  # the least decided deciding comparison's difference, e.g. "-0.61 pt [-1.2, -0.059]"
 
     @property
     def powered(self) -> bool:
@@ -162,7 +164,17 @@ def decide(
         sensitivity=_sensitivity(claim, mine),
         seed_ids=ids,
         margin="" if mine[0].margin is None else f"{mine[0].margin:g} {mine[0].unit}".rstrip(),
+        headline=_headline(mine),
     )
+
+
+def _headline(mine: Sequence[Comparison]) -> str:
+    """The deciding comparison with the largest adjusted p (the least decided), its difference and 95 %
+    interval to two significant digits."""
+    c = max(mine, key=lambda c: c.p_holm if c.p_holm == c.p_holm else math.inf)
+    unit = f" {c.unit}" if c.unit else ""
+    interval = "" if c.ci_low != c.ci_low else f" [{c.ci_low:+.2g}, {c.ci_high:+.2g}]"
+    return f"{c.difference:+.2g}{unit}{interval}"
 
 
 def _plan(claim: str, mine: Sequence[Comparison]) -> tuple[int | None, str]:

@@ -9,6 +9,7 @@ the scale these runs were trained at.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -72,10 +73,11 @@ def _first(rows: list[dict], kinds: tuple[str, ...]) -> dict | None:
 
 
 def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[dict]]) -> str:
-    """One row per verified claim: its test and margin, what this configuration shows (seeds, scale,
-    status), its plan against the seeds used, its status at the second margin, the decision that counts
-    (this configuration's or the one its plan names) and its replications on other seeds."""
-    rows = []
+    """The claims at a glance (one short line each, with a legend), then one row per verified claim in
+    full: its test and margin, what this configuration shows (seeds, scale, status), its plan against the
+    seeds used, its status at the second margin, the decision that counts (this configuration's or the one
+    its plan names) and its replications on other seeds."""
+    glance, rows = [], []
     for claim in CLAIMS.values():
         mine, theirs = here.get(claim.id, []), other.get(claim.id, [])
         row = _first(mine, (OWN, LONGEST, REPLICATED))
@@ -83,6 +85,21 @@ def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[
         there = [r for r in theirs if r["where"] == decided_in]
         deciding = row if decided_in in ("", name) else _first(there, (LONGEST, OWN))
         shown = [r for r in (row, deciding) if r is not None]
+        replications = _independent(shown, [*mine, *theirs])
+        here_deciding = deciding is row and row is not None
+        glance.append(
+            {
+                "claim": claim.id,
+                "in short": claim.short,
+                "test (margin)": f"{claim.test}"
+                + (f" ({row['margin']})" if row and row.get("margin") else ""),
+                "difference [95 % CI]": row.get("headline", "") if row else "",
+                "seeds x steps": _seeds_by_steps(row),
+                "here": row["status"] if row else "not tested",
+                "deciding": "here" if here_deciding else _short_citation(deciding, decided_in),
+                "replicated": "; ".join(_short_citation(r, r["where"]) for r in replications) or "no",
+            }
+        )
         rows.append(
             {
                 "claim": f"{claim.id} ({claim.paper}, {claim.experiment}): {claim.text}",
@@ -94,13 +111,49 @@ def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[
                 "seeds planned / used": plan_cell(row) if row else "",
                 "plan": row.get("plan", "") if row else "",
                 "at the second margin": row.get("sensitivity", "") if row else "",
-                "deciding": "this configuration"
-                if deciding is row and row is not None
-                else _citation(deciding, decided_in),
-                "replication on other seeds": _replications(shown, [*mine, *theirs]),
+                "deciding": "this configuration" if here_deciding else _citation(deciding, decided_in),
+                "replication on other seeds": "; ".join(_citation(r, r["where"]) for r in replications)
+                or "not replicated",
             }
         )
-    return to_markdown(rows)
+    return "\n".join(
+        [
+            "### At a glance",
+            "",
+            to_markdown(glance),
+            "",
+            LEGEND,
+            "",
+            "### In full",
+            "",
+            to_markdown(rows),
+        ]
+    )
+
+
+LEGEND = (
+    "*shown*: every deciding interval on the claimed side of the margin; *refuted*: one entirely on the "
+    "wrong side; *inconclusive*: neither; *not tested in its regime*: the runs are not where the paper's "
+    "claim applies. *here*: this configuration's status; *deciding*: the decision of the configuration the "
+    "claim's plan names; *replicated*: its decisions on other, independent seeds; difference: the least "
+    "decided deciding comparison, a - b."
+)
+
+
+def _seeds_by_steps(row: dict | None) -> str:
+    """e.g. "3 x 468" (seeds used by training steps), from a decision's seeds and scale."""
+    if not row or row.get("used") is None:
+        return "exact" if row and row.get("plan") == "exact" else ""
+    steps = re.findall(r"\((\d+) steps\)", row.get("scale", ""))
+    return f"{row['used']} x {'/'.join(dict.fromkeys(steps)) or '?'}"
+
+
+def _short_citation(row: dict | None, where: str) -> str:
+    """e.g. "shown (converged, 1872 steps)"."""
+    if row is None:
+        return f"not yet ({where})"
+    steps = re.findall(r"\((\d+) steps\)", row.get("scale", ""))
+    return f"{row['status']} ({row['where']}" + (f", {steps[0]} steps)" if steps else ")")
 
 
 def _margin(row: dict | None) -> str:
@@ -113,9 +166,9 @@ def _citation(row: dict | None, where: str) -> str:
     return f"{row['status']} at {row['scale']}, {row['seeds']} (figures/{row['where']})"
 
 
-def _replications(shown: list[dict], rows: list[dict]) -> str:
+def _independent(shown: list[dict], rows: list[dict]) -> list[dict]:
     """The decisions among `rows` but those `shown`, each on seeds no shown decision at the same scale used
-    (runs on the same seeds at the same scale are not independent); "not replicated" where none is."""
+    (runs on the same seeds at the same scale are not independent)."""
 
     def independent(row: dict) -> bool:
         seeds = set(row.get("seed_ids", ()))
@@ -124,7 +177,7 @@ def _replications(shown: list[dict], rows: list[dict]) -> str:
             for r in shown
         )
 
-    return "; ".join(_citation(row, row["where"]) for row in rows if independent(row)) or "not replicated"
+    return [row for row in rows if independent(row)]
 
 
 def write_summary(figures: Path, out: str | Path, cited: Sequence[Path] | None = None) -> Path:

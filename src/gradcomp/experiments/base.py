@@ -280,11 +280,14 @@ class Claim:
     test: str  # how its deciding comparisons decide it (gradcomp.choices.CLAIM_TESTS)
     margin: str  # why the margin (the value is a setting of the experiment)
     plan: Plan | None = None
+    short: str = ""  # the claim in at most 10 words (the claims at a glance)
 
     def __post_init__(self) -> None:
         choose(f"claim {self.id}'s test", self.test, CLAIM_TESTS)
         if (self.plan is None) != (self.test == EXACT):
             raise ValueError(f"claim {self.id}: a plan is needed exactly where the test is not exact")
+        if not 0 < len(self.short.split()) <= 10:
+            raise ValueError(f"claim {self.id}: its short form must have 1 to 10 words, got {self.short!r}")
 
 
 @dataclass(frozen=True)
@@ -363,12 +366,12 @@ def register(
     stage: str,
     title: str,
     params: type[Params],
-    claims: Mapping[str, tuple[str, str, str, str, Plan | None]] | None = None,
+    claims: Mapping[str, tuple[str, str, str, str, Plan | None, str]] | None = None,
     kinds: Mapping[str, RunKind] | None = None,
 ) -> None:
-    """Add an experiment; `claims`: claim ID -> (paper, claim, test, where the margin comes from, its plan)
-    for each verified claim it decides; `kinds`: setting -> what the runs it names must have trained
-    (`RunKind`)."""
+    """Add an experiment; `claims`: claim ID -> (paper, claim, test, where the margin comes from, its plan,
+    the claim in at most 10 words) for each verified claim it decides; `kinds`: setting -> what the runs it
+    names must have trained (`RunKind`)."""
     EXPERIMENTS[id] = Experiment(id, slug, stage, title, params, dict(kinds or {}))
-    for claim, (paper, text, test, margin, plan) in (claims or {}).items():
-        CLAIMS[claim] = Claim(claim, id, paper, text, test, margin, plan)
+    for claim, (paper, text, test, margin, plan, short) in (claims or {}).items():
+        CLAIMS[claim] = Claim(claim, id, paper, text, test, margin, plan, short)

@@ -66,6 +66,7 @@ register(
                 -0.273,
                 "the pilot's smallest decided effect (the same comparison)",
             ),
+            "gradient magnitudes are near-lognormal",
         )
     },
 )

@@ -152,6 +152,7 @@ register(
                 0.83,
                 "the pilot's decided effect (the same comparison)",
             ),
+            "time below sqrt(3) ranks the accuracy lost",
         ),
         "L7": (
             LOGNORMAL,
@@ -169,6 +170,7 @@ register(
                 "5 pt: a failing run loses 5 pt more than a training one, the least separation that explains "
                 "failures (the pilot's effect without trivial runs, -1.8 pt, lies on the wrong side)",
             ),
+            "the lognormal noise ratio explains FP failures",
         ),
     },
     kinds={"baseline": UNCOMPRESSED, "runs": COMPRESSED},
@@ -194,6 +196,7 @@ register(
                 f"FP4 [1,3,0] switched late vs fp32 at the full scale ({PILOT}: converged, seeds 8-13)",
                 decided_in="failure",
             ),
+            "a late switch to fp32 closes the gap",
         ),
         "F3": (
             NVIDIA_NVFP4,
@@ -211,6 +214,7 @@ register(
                 "0: the claim is that the switch recovers nothing",
                 decided_in="failure",
             ),
+            "a late switch recovers nothing",
         ),
     },
     kinds={"baseline": UNCOMPRESSED, "throughout": COMPRESSED, "guarded": COMPRESSED, "late": COMPRESSED},

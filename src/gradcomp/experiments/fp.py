@@ -124,6 +124,7 @@ register(
             EXACT,
             "none: computed exactly",
             None,
+            "FP MSE depends on sigma; [1,3,0] is FP4",
         )
     },
 )
@@ -151,6 +152,7 @@ register(
                     "a stricter margin: the paper states no number ('without accuracy degradation')",
                 ),
             ),
+            "FP6 gradients lose no accuracy",
         )
     },
     kinds={"baseline": UNCOMPRESSED, "runs": FP_RUN},

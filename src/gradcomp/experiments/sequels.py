@@ -64,6 +64,7 @@ register(
                 f"LUQ4 vs fp32 on ResNet18 at the full scale ({PILOT}: converged F1, seeds 8-10)",
                 decided_in="converged",
             ),
+            "LUQ's 4-bit gradients lose little accuracy",
         ),
         "Q2": (
             MVUE,
@@ -78,6 +79,7 @@ register(
                 -2.15,
                 "the pilot's decided effect (the same comparison)",
             ),
+            "MVUE N:M has the lowest variance",
         ),
     },
     kinds={"baseline": UNCOMPRESSED, "runs": SEQUEL_RUN},

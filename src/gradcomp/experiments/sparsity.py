@@ -86,6 +86,7 @@ register(
                 0.0,
                 "0: the claim is that achieved equals target",
             ),
+            "the lognormal threshold hits the target sparsity",
         ),
         "L5": (
             LOGNORMAL,
@@ -101,6 +102,7 @@ register(
                 0.0331,
                 "the pilot's smaller decided effect (the Laplace prior)",
             ),
+            "Gaussian and Laplace priors miss the sparsity",
         ),
     },
     kinds={"runs": PRUNE_RUN},
@@ -126,6 +128,7 @@ register(
                 decided_in="converged",
                 sensitivity=(0.5, "a stricter margin: the paper states no number ('without accuracy loss')"),
             ),
+            "85 % gradient sparsity loses no accuracy",
         )
     },
     kinds={"baseline": UNCOMPRESSED, "runs": PRUNE_RUN},

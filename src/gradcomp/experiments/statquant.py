@@ -118,6 +118,7 @@ register(
                 4.44,
                 "the pilot's smaller decided effect (PSQ, on that layer; no pilot measured every layer)",
             ),
+            "per-sample scales use more bins than PTQ",
         )
     },
     kinds={"run": QUANTIZED_FORWARD},
@@ -143,6 +144,7 @@ register(
                 -3.15,
                 "the pilot's smaller decided effect (PSQ)",
             ),
+            "PSQ and BHQ have lower variance than PTQ",
         ),
         "S3": (
             STATQUANT,
@@ -157,6 +159,7 @@ register(
                 0.0,
                 "0: the claim is a factor of 4 per bit",
             ),
+            "variance falls 4x per extra bit",
         ),
     },
     kinds={"run": QUANTIZED_FORWARD},
@@ -184,6 +187,7 @@ register(
                 0.0,
                 "0: an unbiased estimator's slope is -1/2",
             ),
+            "FQT's gradient is unbiased for QAT's",
         )
     },
     kinds={"run": QUANTIZED_FORWARD},
@@ -212,6 +216,7 @@ register(
                 decided_in="converged",
                 sensitivity=(0.5, "the paper's own number ('only about 0.5 %' lost)"),
             ),
+            "5-bit BHQ loses only about 0.5 pt",
         )
     },
     kinds={"exact": EXACT_RUN, "qat": QAT_RUN, "runs": FQT_RUN},
