@@ -133,3 +133,11 @@ def test_a_summary_cites_every_other_configuration_beside_it(tmp_path):
     f2 = next(line for line in summary.split("### In full")[1].splitlines() if line.startswith("| F2"))
     assert "| shown at failure, s (figures/failure) |" in f2
     assert f2.endswith("| inconclusive at converged, s (figures/converged) |")
+
+
+def test_the_default_summary_opens_with_the_claims_at_a_glance_one_short_line_each():
+    summary = (ROOT / "figures" / "default" / "SUMMARY.md").read_text()
+    glance = summary.split("### At a glance")[1].split("### In full")[0]
+    rows = [line for line in glance.splitlines() if line.startswith("| ") and line[2] in "LSQF"]
+    assert [row.split("|")[1].strip() for row in rows] == list(CLAIMS)
+    assert max(len(row.replace("|", " ").split()) for row in rows) <= 40
