@@ -60,7 +60,7 @@ def test_f1_is_decided_by_the_per_seed_rank_correlation_of_loss_with_time_below(
         for i in range(6)
     ]
     settings = Stalls(runs=("r0",), baseline=("b",))
-    comparisons = compare(failure._correlation_pairs(settings, rows, "a scale"))
+    comparisons = compare(failure._correlation_pairs(settings, rows, "a scale", failure.trivial_runs(rows)))
     deciding = [c for c in comparisons if c.family == "F1"]
     assert len(deciding) == 1 and deciding[0].difference == pytest.approx(1.0)
     assert deciding[0].verdict == "better"  # every seed ranks perfectly: above the 0.5 margin
@@ -80,7 +80,10 @@ def test_runs_whose_r_is_one_by_construction_never_decide_f1():
         for seed in range(3) for i in range(3)
     ]  # fmt: skip
     assert failure.trivial_runs(rows) == {"zero0", "zero1", "zero2"}
-    comparisons = compare(failure._correlation_pairs(Stalls(runs=("r0",), baseline=("b",)), rows, "s"))
+    trivial = failure.trivial_runs(rows)
+    comparisons = compare(
+        failure._correlation_pairs(Stalls(runs=("r0",), baseline=("b",)), rows, "s", trivial)
+    )
     (f1,) = [c for c in comparisons if c.family == "F1"]
     (everything,) = [c for c in comparisons if c.arm == "measured, every run"]
     assert f1.verdict != "better" and everything.verdict == "better" and f1.difference < everything.difference
@@ -90,7 +93,8 @@ def test_f1_states_its_correlation_at_other_thresholds(tmp_path):
     history = [(step, 0.5 + 0.25 * step) for step in range(8)]  # R from 0.5 up to 2.25
     rows = [{"seed": 0, "run": f"r{i}", "gap_pt": -float(i), "measured_median": 2.0} for i in range(4)]
     histories = {("r" + str(i), 0): {"measured": history[: 8 - i]} for i in range(4)}  # more time below
-    text = failure._threshold_sensitivity(Stalls(runs=("r0",), baseline=("b",)), rows, histories)
+    settings = Stalls(runs=("r0",), baseline=("b",))
+    text = failure._threshold_sensitivity(settings, rows, histories, failure.trivial_runs(rows))
     assert text.startswith("F1 at other thresholds") and "1.2: 1.00" in text and "1.73: 1.00" in text
     assert "3: n/a (no ranking)" in text  # every run below 3 all the time
 

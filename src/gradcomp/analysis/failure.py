@@ -336,12 +336,11 @@ def _spearman_by_seed(rows: list[dict], share: str) -> dict[int, float]:
     return per_seed
 
 
-def _correlation_pairs(settings: Stalls, rows: list[dict], scale: str) -> list[Pair]:
+def _correlation_pairs(settings: Stalls, rows: list[dict], scale: str, trivial: set[str]) -> list[Pair]:
     """Per kind of R, per seed: Spearman's correlation over the informative runs (trained at `scale`; runs
     whose R is 1 by construction left out) between the accuracy loss and the share of time below the
     threshold, against `correlation_margin` (F1 decided by the measured R); and, secondary, the measured one
-    with those runs in."""
-    trivial = trivial_runs(rows)
+    with those runs in (`trivial`)."""
     informative = [row for row in rows if row["run"] not in trivial]
     pairs = []
     for kind in KINDS:
@@ -369,9 +368,10 @@ def _correlation_pairs(settings: Stalls, rows: list[dict], scale: str) -> list[P
     return pairs
 
 
-def _threshold_sensitivity(settings: Stalls, rows: list[dict], histories: Histories) -> str:
+def _threshold_sensitivity(
+    settings: Stalls, rows: list[dict], histories: Histories, trivial: set[str]
+) -> str:
     """F1's correlation (mean over seeds, informative runs) at each threshold of `settings.sensitivity`."""
-    trivial = trivial_runs(rows)
     parts = []
     for threshold in sorted({*settings.sensitivity, settings.threshold}):
         shares = []
@@ -411,12 +411,14 @@ def _timing(rows: list[dict]) -> str:
     )
 
 
-def _l7(settings: Stalls, rows: list[dict], models: WithinModels, outcomes: dict[str, str]):
+def _l7(
+    settings: Stalls, rows: list[dict], models: WithinModels, outcomes: dict[str, str], trivial: set[str]
+):
     """L7: the share of time with the theory's R below the threshold that best separates failing from
     training FP runs on `fit_on`'s runs (ties: the cutoff nearest one half), applied to the other models'."""
     fp = {arm.name for arm in models.arms if isinstance(arm.policy, FloatingPoint)}  # L7 is about FP formats
-    trivial = sorted(fp & trivial_runs(rows))
-    fp -= set(trivial)
+    left_out = sorted(fp & trivial)
+    fp -= trivial
     shares: dict[str, list[float]] = defaultdict(list)
     for row in rows:
         if row["run"] in fp and row["theory_below"] is not None:
@@ -428,8 +430,8 @@ def _l7(settings: Stalls, rows: list[dict], models: WithinModels, outcomes: dict
     arms = {arm.name: arm for arm in models.arms}
     apart = (
         f"; left out as trivial (median measured R within {BY_CONSTRUCTION:g} of 1, as for a gradient "
-        f"flushed or clipped nearly whole): {', '.join(models.label(arms[run]) for run in trivial)}"
-        if trivial
+        f"flushed or clipped nearly whole): {', '.join(models.label(arms[run]) for run in left_out)}"
+        if left_out
         else ""
     )
     families = {model[run] for run in held}
@@ -502,8 +504,9 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
     }
     rows = _run_rows(settings, models, histories)
     scale = "; ".join(dict.fromkeys(group.scale for group in models.arms))
-    correlations = compare(_correlation_pairs(settings, rows, scale))
-    l7, held_out, cutoff = _l7(settings, rows, models, outcomes)
+    trivial = trivial_runs(rows)
+    correlations = compare(_correlation_pairs(settings, rows, scale, trivial))
+    l7, held_out, cutoff = _l7(settings, rows, models, outcomes, trivial)
     groups = {group.name: group for group in [*models.baselines, *models.arms]}
     per_run = PerSeed(("run", "label"), {f"{kind}_below": FRACTION for kind in KINDS} | {"gap_pt": LINEAR})
     for row in rows:
@@ -511,7 +514,6 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
         per_run.add(row["seed"], row, **values, gap_pt=row["gap_pt"])
     table = [row | {"outcome": outcomes[row["run"]]} for row in per_run.rows()]
     f1 = decide("F1", correlations)
-    trivial = trivial_runs(rows)
     table = [row | {"R = 1 by construction": row["run"] in trivial} for row in table]
     return Result(
         caption=_stalls_caption(settings, models, groups),
@@ -525,7 +527,7 @@ def stalls(settings: Stalls, runs: dict[str, RunGroup]) -> Result:
         comparisons=correlations + held_out + gaps,
         findings=[
             summarise(correlations),
-            _threshold_sensitivity(settings, rows, histories),
+            _threshold_sensitivity(settings, rows, histories, trivial),
             _timing(rows),
             f"L7 on the noise ratio the lognormal fit predicts: {l7.status} ({l7.evidence}).",
         ],
