@@ -75,6 +75,7 @@ def test_the_claims_table_cites_the_deciding_configuration_and_replications_on_o
     row cites that decision, and lists the sweep's decision at the default's scale on other seeds as a
     replication; a claim nobody else decided reads "not replicated"."""
     from gradcomp.analysis.summary import _claims_table, _decisions
+    from gradcomp.analysis.tables import Record
 
     def record(folder: str, name: str, claims: list[dict], facts: dict) -> None:
         (tmp_path / folder).mkdir(exist_ok=True)
@@ -92,7 +93,11 @@ def test_the_claims_table_cites_the_deciding_configuration_and_replications_on_o
         "replications": [row("L3", "refuted", "2 epochs", [8, 9])],
     }
     record("converged", "X4_training_budget.json", [], x4)
-    table = _claims_table("default", _decisions(tmp_path / "default"), _decisions(tmp_path / "converged"))
+
+    def decisions(folder: str) -> dict:
+        return _decisions(folder, [Record.load(path) for path in sorted((tmp_path / folder).glob("*.json"))])
+
+    table = _claims_table("default", decisions("default"), decisions("converged"))
     glance, full = table.split("### In full")
     assert (
         "| L3 | FP6 gradients lose no accuracy |" in glance

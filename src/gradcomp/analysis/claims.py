@@ -78,11 +78,6 @@ class Decision:
     margin: str = ""  # the deciding comparisons' margin, e.g. "1 pt" (empty: none declared)
     headline: str = ""  # the least decided deciding comparison's difference, e.g. "-0.61 pt [-1.2, -0.059]"
 
-    @property
-    def powered(self) -> bool:
-        """Whether it used the seeds its plan asks for."""
-        return self.planned is not None and self.used is not None and self.used >= self.planned
-
     def row(self) -> dict:
         return asdict(self)
 

@@ -42,18 +42,17 @@ and the difference the seeds could detect with {100 * POWER:.0f} % power."""
 OWN, REPLICATED, LONGEST = "own", "replications", "converged"
 
 
-def _decisions(folder: Path) -> dict[str, list[dict]]:
-    """Every decision a configuration's records make, by claim, each row with `where` (the folder) and
-    `kind` (OWN, or X4's REPLICATED and LONGEST), the configuration's own first."""
+def _decisions(where: str, records: Sequence[Record]) -> dict[str, list[dict]]:
+    """Every decision a configuration's records make, by claim, each row with `where` (its folder's name)
+    and `kind` (OWN, or X4's REPLICATED and LONGEST), the configuration's own first."""
     found: dict[str, list[dict]] = {}
-    records = [Record.load(path) for path in sorted(folder.glob("*.json"))] if folder.is_dir() else []
     for record in records:
         for row in record.claims:
-            found.setdefault(row["claim"], []).append(row | {"where": folder.name, "kind": OWN})
+            found.setdefault(row["claim"], []).append(row | {"where": where, "kind": OWN})
     for record in records:
         for kind in (LONGEST, REPLICATED):
             for row in record.facts.get(kind, []):
-                found.setdefault(row["claim"], []).append(row | {"where": folder.name, "kind": kind})
+                found.setdefault(row["claim"], []).append(row | {"where": where, "kind": kind})
     return found
 
 
@@ -63,7 +62,8 @@ def _cited(figures: Path, cited: Sequence[Path] | None) -> dict[str, list[dict]]
     merged: dict[str, list[dict]] = {}
     for folder in folders:
         if folder.resolve() != figures.resolve():
-            for claim, rows in _decisions(folder).items():
+            records = [Record.load(path) for path in sorted(folder.glob("*.json"))]
+            for claim, rows in _decisions(folder.name, records).items():
                 merged.setdefault(claim, []).extend(rows)
     return merged
 
@@ -144,16 +144,20 @@ def _seeds_by_steps(row: dict | None) -> str:
     """e.g. "3 x 468" (seeds used by training steps), from a decision's seeds and scale."""
     if not row or row.get("used") is None:
         return "exact" if row and row.get("plan") == "exact" else ""
-    steps = re.findall(r"\((\d+) steps\)", row.get("scale", ""))
-    return f"{row['used']} x {'/'.join(dict.fromkeys(steps)) or '?'}"
+    return f"{row['used']} x {'/'.join(dict.fromkeys(_steps(row))) or '?'}"
 
 
 def _short_citation(row: dict | None, where: str) -> str:
     """e.g. "shown (converged, 1872 steps)"."""
     if row is None:
         return f"not yet ({where})"
-    steps = re.findall(r"\((\d+) steps\)", row.get("scale", ""))
+    steps = _steps(row)
     return f"{row['status']} ({row['where']}" + (f", {steps[0]} steps)" if steps else ")")
+
+
+def _steps(row: dict) -> list[str]:
+    """The training steps a decision's scale names, e.g. ["468"] for "... (468 steps)"."""
+    return re.findall(r"\((\d+) steps\)", row.get("scale", ""))
 
 
 def _margin(row: dict | None) -> str:
@@ -198,7 +202,7 @@ def write_summary(figures: Path, out: str | Path, cited: Sequence[Path] | None =
         "",
         _claims_table(
             figures.name,
-            _decisions(figures),
+            _decisions(figures.name, list(records.values())),
             _cited(figures, cited),
         ),
     ]
