@@ -229,14 +229,15 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
     ranges_table, codes_table, layers = [], [], []
     for seed, run, model in trained_models(group):
         gradients = output_gradients(model, *eval_batches(run, 1)[0])
+        order = _network_order(model, gradients)
         if settings.layer not in gradients:
-            known = ", ".join(_network_order(model, gradients))
+            known = ", ".join(order)
             raise KeyError(
                 f"experiments.B1.layer: {settings.layer!r} is not among the quantized layers: {known}"
             )
         first = not layers
-        layers = layers or _network_order(model, gradients)
-        for layer in _network_order(model, gradients):
+        layers = layers or order
+        for layer in order:
             x = gradients[layer]
             ranges = row_ranges(x).double()
             spreads.add(seed, {"layer": layer}, sigma_ln_sample_range=float(ranges[ranges > 0].log().std()))
@@ -275,13 +276,14 @@ def bin_usage(settings: BinUsage, runs: dict[str, RunGroup]) -> Result:
     keys = [(layer, scheme) for layer in layers for scheme in ("psq", "bhq")]
     against_ptq = dict(zip(keys, comparisons[: len(deciders)], strict=True))
     rows = []
-    for row in usage.rows():  # the variance, on one layer only, is in the detailed table
+    usage_rows = usage.rows()
+    for row in usage_rows:  # the variance, on one layer only, is in the detailed table
         verdict = against_ptq.get((row["layer"], row["scheme"]))
         rows.append(
             {key: value for key, value in row.items() if not key.startswith("quantization_variance")}
             | ({} if verdict is None else {"vs_ptq": verdict.verdict})
         )
-    detail = [row for row in usage.rows() if row["layer"] == settings.layer]
+    detail = [row for row in usage_rows if row["layer"] == settings.layer]
     on_detail = [
         against_ptq[settings.layer, "psq"],
         against_ptq[settings.layer, "bhq"],
