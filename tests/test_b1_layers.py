@@ -13,7 +13,7 @@ from gradcomp.analysis.seeds import PerSeed
 from gradcomp.analysis.statquant import _scheme_pairs, bin_usage, eval_batches
 from gradcomp.analysis.tables import Record, write_result
 from gradcomp.experiments import experiments
-from gradcomp.plots.style import save_figure
+from gradcomp.plots.style import save_figure, titled
 
 SEEDS = (0, 1)
 SCHEMES = ("ptq", "psq", "bhq")
@@ -139,7 +139,7 @@ def test_the_figure_adds_the_entropy_of_every_layer_without_overprinting(result,
     assert len(panel.get_legend().get_texts()) == 5  # three schemes, the detailed layer, the 8-bit limit
     figure.suptitle(experiment.title, wrap=True)  # as save_figure puts it
     assert _overlapping_texts(figure) == []
-    paths = save_figure(figure, experiment.title, prefix)
+    paths = save_figure(titled(figure, experiment.title), prefix)
     assert all(path.stat().st_size > 0 for path in paths)
 
 

@@ -18,7 +18,7 @@ from gradcomp.analysis.tables import Record, write_result
 from gradcomp.config import resolve_config
 from gradcomp.experiments import AcrossModels, GoodnessOfFit, experiments
 from gradcomp.plots import distributions as plots
-from gradcomp.plots.style import save_figure
+from gradcomp.plots.style import save_figure, titled
 from gradcomp.probe import Probe, ProbeConfig
 
 SEEDS = (0, 1)
@@ -76,7 +76,7 @@ def _drawn(result, experiment_id, tmp_path):
     prefix = tmp_path / experiment.prefix
     write_result(result, experiment.id, experiment.title, prefix)
     record = Record.load(prefix.with_suffix(".json"))
-    for path in save_figure(experiment.draw(record), record.title, prefix):
+    for path in save_figure(titled(experiment.draw(record), record.title), prefix):
         assert path.stat().st_size > 0
     return record
 

@@ -15,7 +15,7 @@ from gradcomp.analysis.verdicts import VERDICTS
 from gradcomp.config import resolve_config
 from gradcomp.experiments import CLAIMS, experiments
 from gradcomp.pipeline import check_config, experiment_reads, run_spec, seeds
-from gradcomp.plots.style import save_figure
+from gradcomp.plots.style import save_figure, titled
 from gradcomp.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -206,7 +206,8 @@ def test_every_experiment_computes_and_draws_from_its_own_numbers(tmp_path, tiny
     decided = {row["claim"]: row["status"] for row in record.claims}
     assert set(decided) == {claim.id for claim in experiment.claims}  # each claim of its experiment
     assert set(decided.values()) <= set(STATUSES)
-    paths = save_figure(experiment.draw(Record.load(prefix.with_suffix(".json"))), record.title, prefix)
+    figure = experiment.draw(Record.load(prefix.with_suffix(".json")))
+    paths = save_figure(titled(figure, record.title), prefix)
     for path in [*paths, prefix.with_suffix(".csv"), prefix.with_suffix(".md")]:
         assert path.stat().st_size > 0
     markdown = prefix.with_suffix(".md").read_text()

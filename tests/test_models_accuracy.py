@@ -9,7 +9,7 @@ from gradcomp.analysis.runs import Run, RunGroup
 from gradcomp.analysis.sparsity import accuracy_vs_sparsity, target_vs_achieved_sparsity
 from gradcomp.analysis.tables import Record, write_result
 from gradcomp.experiments import experiments
-from gradcomp.plots.style import save_figure
+from gradcomp.plots.style import save_figure, titled
 
 RESNET = {"model": "resnet18", "model_kwargs": {"channels": [8, 8, 16, 16]}, "stem": "3x3s2"}
 MBV2 = {"model": "mobilenetv2_035", "model_kwargs": {}, "stem": "model"}
@@ -107,7 +107,7 @@ def test_each_fp_arm_is_compared_with_the_baseline_of_its_own_model(tmp_path):
     titles = [ax.get_title() for ax in figure.axes]  # one panel per model and scale, each naming both
     assert [title.split(",")[0] for title in titles] == ["resnet18", "mobilenetv2_035"]
     assert all("steps" in title for title in titles)
-    save_figure(figure, "A5", prefix)
+    save_figure(titled(figure, "A5"), prefix)
 
 
 def test_an_arm_without_a_baseline_of_its_model_is_an_error():
@@ -181,7 +181,7 @@ def test_a_prior_is_compared_with_the_lognormal_curve_of_its_own_model_at_matche
     write_result(result, "A8", "A8", prefix)
     figure = experiments()["A8"].draw(Record.load(prefix.with_suffix(".json")))
     assert figure.axes[0].get_title().startswith("(a) resnet18, ")  # the model and the scale of its arms
-    save_figure(figure, "A8", prefix)
+    save_figure(titled(figure, "A8"), prefix)
 
 
 def test_a_model_that_fails_under_pruning_is_diagnosed_by_threshold_rule_target_and_layer_kind():
@@ -237,4 +237,4 @@ def test_a7_reports_each_model_and_its_compression_points(tmp_path):
     write_result(result, "A7", "A7", prefix)
     figure = experiments()["A7"].draw(Record.load(prefix.with_suffix(".json")))
     assert len(figure.axes) == 3
-    save_figure(figure, "A7", prefix)
+    save_figure(titled(figure, "A7"), prefix)

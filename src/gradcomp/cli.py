@@ -256,14 +256,18 @@ def _record(path: Path) -> Any:
 def _draw(args: argparse.Namespace) -> None:
     import numpy as np
 
-    from gradcomp.plots.style import save_figure
+    from gradcomp.plots.lint import lint
+    from gradcomp.plots.style import save_figure, titled
 
     path = Path(args.numbers)
     record = _record(path)
     experiment = _experiment(record.id)
     _writable(path.with_suffix(".png"), "the figure")
     np.random.seed(0)  # seaborn draws its strip-plot jitter from numpy: same numbers, same picture
-    for written in save_figure(experiment.draw(record), record.title, path.with_suffix("")):
+    figure = titled(experiment.draw(record), record.title)
+    for defect in lint(figure):
+        print(f"{path.name}: figure lint: {defect}", file=sys.stderr)
+    for written in save_figure(figure, path.with_suffix("")):
         print(written)
 
 

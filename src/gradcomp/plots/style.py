@@ -34,9 +34,14 @@ def subplots(
     return figure, axes
 
 
-def save_figure(figure: Figure, title: str, prefix: Path) -> list[Path]:
-    """Write the figure as <prefix>.png and .pdf (no creation date in the PDF: reruns are byte-equal)."""
+def titled(figure: Figure, title: str) -> Figure:
+    """The figure under its experiment's title (before the lint and the save: both see the title)."""
     figure.suptitle(title, wrap=True)
+    return figure
+
+
+def save_figure(figure: Figure, prefix: Path) -> list[Path]:
+    """Write the figure as <prefix>.png and .pdf (no creation date in the PDF: reruns are byte-equal)."""
     paths = [prefix.with_suffix(".png"), prefix.with_suffix(".pdf")]
     figure.savefig(paths[0], dpi=150)
     figure.savefig(paths[1], metadata={"CreationDate": None})
