@@ -56,7 +56,7 @@ def test_a_design_without_seeds_to_test_is_flagged():
 
 def test_the_default_claims_table_cites_the_convergence_sweep():
     summary = (ROOT / "figures" / "default" / "SUMMARY.md").read_text()
-    assert "figures/converged" in summary and "| replication on other seeds |" in summary
+    assert "figures/converged" in summary and "**replicated**" in summary
 
 
 def test_a_config_whose_design_cannot_decide_a_claim_is_refused_before_running():
@@ -98,16 +98,20 @@ def test_the_claims_table_cites_the_deciding_configuration_and_replications_on_o
         return _decisions(folder, [Record.load(path) for path in sorted((tmp_path / folder).glob("*.json"))])
 
     table = _claims_table("default", decisions("default"), decisions("converged"))
-    glance, full = table.split("### In full")
+    glance, blocks = table.split("### Each claim")
     assert (
-        "| L3 | FP6 gradients lose no accuracy |" in glance
+        "| [L3](#l3) | FP6 gradients lose no accuracy |" in glance
         and "| shown (converged) | refuted (converged) |" in glance
     )
-    l3 = next(line for line in full.splitlines() if line.startswith("| L3"))
-    assert "shown at 8 epochs, 2 seeds (figures/converged)" in l3.split("|")[-3]  # deciding
-    assert "refuted at 2 epochs, 2 seeds (figures/converged)" in l3.split("|")[-2]  # replication
-    l1 = next(line for line in full.splitlines() if line.startswith("| L1"))
-    assert "| this configuration | not replicated |" in l1
+    l3 = _block(blocks, "L3")
+    assert "**Deciding**: shown at 8 epochs, 2 seeds (figures/converged)" in l3
+    assert "**replicated**: refuted at 2 epochs, 2 seeds (figures/converged)" in l3
+    assert "**Deciding**: this configuration; **replicated**: not replicated" in _block(blocks, "L1")
+
+
+def _block(summary: str, claim: str) -> str:
+    """A claim's block of the summary (from its heading to the next)."""
+    return summary.split(f"#### {claim}:")[1].split("####")[0]
 
 
 def test_a_summary_cites_every_other_configuration_beside_it(tmp_path):
@@ -135,14 +139,26 @@ def test_a_summary_cites_every_other_configuration_beside_it(tmp_path):
                "seed_ids": seeds}  # fmt: skip
         (tmp_path / folder / "F2_late_switch.json").write_text(json.dumps(data | {"claims": [row]}))
     summary = write_summary(tmp_path / "default", tmp_path / "S.md").read_text()
-    f2 = next(line for line in summary.split("### In full")[1].splitlines() if line.startswith("| F2"))
-    assert "| shown at failure, s (figures/failure) |" in f2
-    assert f2.endswith("| inconclusive at converged, s (figures/converged) |")
+    f2 = _block(summary, "F2")
+    assert "**Deciding**: shown at failure, s (figures/failure)" in f2
+    assert "**replicated**: inconclusive at converged, s (figures/converged);" in f2
 
 
 def test_the_default_summary_opens_with_the_claims_at_a_glance_one_short_line_each():
     summary = (ROOT / "figures" / "default" / "SUMMARY.md").read_text()
-    glance = summary.split("### At a glance")[1].split("### In full")[0]
-    rows = [line for line in glance.splitlines() if line.startswith("| ") and line[2] in "LSQF"]
-    assert [row.split("|")[1].strip() for row in rows] == list(CLAIMS)
+    glance = summary.split("### At a glance")[1].split("### Each claim")[0]
+    rows = [line for line in glance.splitlines() if line.startswith("| [")]
+    assert [row.split("|")[1].strip() for row in rows] == [f"[{c}](#{c.lower()})" for c in CLAIMS]
     assert max(len(row.replace("|", " ").split()) for row in rows) <= 40
+
+
+@pytest.mark.parametrize(
+    ("a", "expected"),
+    [
+        ({0: 0.801, 1: 0.795, 2: 0.812}, "+0.3 pt [-1.9, +2.4]"),  # half-width 2.1: its second digit
+        ({0: 0.7001, 1: 0.7002, 2: 0.7003}, "-9.980 pt [-10.005, -9.955]"),  # half-width 0.025
+    ],
+)
+def test_the_headline_is_rounded_to_what_its_interval_supports(a, expected):
+    b = {0: 0.8, 1: 0.8, 2: 0.8}
+    assert decide("L6", compare(deciding("L6", [Pair("a", "b", a, b, margin=1.0)]))).headline == expected

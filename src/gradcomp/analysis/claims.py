@@ -76,7 +76,7 @@ class Decision:
     sensitivity: str = ""
     seed_ids: tuple[int, ...] = ()
     margin: str = ""  # the deciding comparisons' margin, e.g. "1 pt" (empty: none declared)
-    headline: str = ""  # the least decided deciding comparison's difference, e.g. "-0.61 pt [-1.2, -0.059]"
+    headline: str = ""  # the least decided deciding comparison's difference, e.g. "-0.6 pt [-1.2, -0.1]"
 
     def row(self) -> dict:
         return asdict(self)
@@ -165,11 +165,16 @@ def decide(
 
 def _headline(mine: Sequence[Comparison]) -> str:
     """The deciding comparison with the largest adjusted p (the least decided), its difference and 95 %
-    interval to two significant digits."""
+    interval rounded to what the interval supports (the half-width's first significant digit, its second
+    where the first is 1 or 2), e.g. "+0.1 pt [-0.6, +0.8]"."""
     c = max(mine, key=lambda c: c.p_holm if c.p_holm == c.p_holm else math.inf)
     unit = f" {c.unit}" if c.unit else ""
-    interval = "" if c.ci_low != c.ci_low else f" [{c.ci_low:+.2g}, {c.ci_high:+.2g}]"
-    return f"{c.difference:+.2g}{unit}{interval}"
+    half = (c.ci_high - c.ci_low) / 2
+    if not half > 0:  # no interval (NaN) or none wide enough to round by
+        return f"{c.difference:+.2g}{unit}"
+    digit = math.floor(math.log10(half))
+    decimals = max(0, -digit + (half / 10**digit < 3))
+    return f"{c.difference:+.{decimals}f}{unit} [{c.ci_low:+.{decimals}f}, {c.ci_high:+.{decimals}f}]"
 
 
 def _plan(claim: str, mine: Sequence[Comparison]) -> tuple[int | None, str]:

@@ -1,5 +1,5 @@
-"""SUMMARY.md: the papers' claims decided at this configuration's scale, then each experiment's findings and
-comparisons.
+"""SUMMARY.md: the papers' claims decided at this configuration's scale (at a glance, then one block each),
+then each experiment's findings (its comparisons in full are in the experiment's own .md).
 
 The claims are the papers' verified statements (abstracts, theorems, the authors' code), held by the
 experiment registry; the papers' table values were not available, so none are quoted. Each claim
@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gradcomp.analysis.seeds import ALPHA
-from gradcomp.analysis.tables import Record, comparison_rows, plan_cell, to_markdown
+from gradcomp.analysis.tables import Record, plan_cell, to_markdown
 from gradcomp.analysis.verdicts import POWER
 from gradcomp.experiments import CLAIMS, experiments
 
@@ -73,11 +73,13 @@ def _first(rows: list[dict], kinds: tuple[str, ...]) -> dict | None:
 
 
 def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[dict]]) -> str:
-    """The claims at a glance (one short line each, with a legend), then one row per verified claim in
-    full: its test and margin, what this configuration shows (seeds, scale, status), its plan against the
-    seeds used, its status at the second margin, the decision that counts (this configuration's or the one
-    its plan names) and its replications on other seeds."""
-    glance, rows = [], []
+    """The claims at a glance (one short line each, with a legend), then a short block per verified claim:
+    the paper's sentence, its test and why this margin, what this configuration shows (its deciding
+    comparisons with their 90 % intervals and adjusted p), its plan against the seeds used, its status at the
+    second margin, the decision that counts (this configuration's or the one its plan names), its
+    replications on other seeds and a link to its experiment's section."""
+    glance, blocks = [], []
+    titles = {experiment.id: experiment.title for experiment in experiments().values()}
     for claim in CLAIMS.values():
         mine, theirs = here.get(claim.id, []), other.get(claim.id, [])
         row = _first(mine, (OWN, LONGEST, REPLICATED))
@@ -89,7 +91,7 @@ def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[
         here_deciding = deciding is row and row is not None
         glance.append(
             {
-                "claim": claim.id,
+                "claim": f"[{claim.id}](#{claim.id.lower()})",
                 "in short": claim.short,
                 "test (margin)": f"{claim.test}"
                 + (f" ({row['margin']})" if row and row.get("margin") else ""),
@@ -100,35 +102,41 @@ def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[
                 "replicated": "; ".join(_short_citation(r, r["where"]) for r in replications) or "no",
             }
         )
-        rows.append(
-            {
-                "claim": f"{claim.id} ({claim.paper}, {claim.experiment}): {claim.text}",
-                "test (margin: source)": f"{claim.test} ({_margin(row)}{claim.margin})",
-                "this configuration": row["evidence"] if row else "not computed by this configuration",
-                "seeds": row["seeds"] if row else "",
-                "scale": row["scale"] if row else "",
-                "at this scale": row["status"] if row else "not tested",
-                "seeds planned / used": plan_cell(row) if row else "",
-                "plan": row.get("plan", "") if row else "",
-                "at the second margin": row.get("sensitivity", "") if row else "",
-                "deciding": "this configuration" if here_deciding else _citation(deciding, decided_in),
-                "replication on other seeds": "; ".join(_citation(r, r["where"]) for r in replications)
-                or "not replicated",
-            }
-        )
-    return "\n".join(
-        [
-            "### At a glance",
+        experiment = f"{claim.experiment}: {titles[claim.experiment]}"
+        lines = [
+            f'#### {claim.id}: {claim.short} <a id="{claim.id.lower()}"></a>',
+            f"{claim.paper}: {claim.text}",
             "",
-            to_markdown(glance),
-            "",
-            LEGEND,
-            "",
-            "### In full",
-            "",
-            to_markdown(rows),
+            f"- **Test**: {claim.test}"
+            + (f" within {row['margin']}" if row and row.get("margin") else "")
+            + f"; the margin: {claim.margin}.",
         ]
+        if row is None:
+            lines.append("- **Here**: not computed by this configuration.")
+        else:
+            lines.append(f"- **Here**: *{row['status']}* ({row['seeds']}; {row['scale']}): {row['evidence']}")
+            if row.get("plan") and row["plan"] != "exact":
+                short = " (under-powered)" if "under-powered" in plan_cell(row) else ""
+                second = f" At the second margin, {row['sensitivity']}." if row.get("sensitivity") else ""
+                lines.append(f"- **Plan**: {row['plan']}; {row['used']} used{short}.{second}")
+        lines += [
+            "- **Deciding**: "
+            + ("this configuration" if here_deciding else _citation(deciding, decided_in))
+            + "; **replicated**: "
+            + ("; ".join(_citation(r, r["where"]) for r in replications) or "not replicated")
+            + f"; **experiment**: [{experiment}](#{_anchor(experiment)}).",
+            "",
+        ]
+        blocks += lines
+    return "\n".join(
+        ["### At a glance", "", to_markdown(glance), "", LEGEND, "", "### Each claim", "", *blocks]
     )
+
+
+def _anchor(heading: str) -> str:
+    """The link target a Markdown renderer gives a section heading (lower case, punctuation dropped, spaces
+    as hyphens), e.g. "A5: Accuracy with FP gradient formats" -> "a5-accuracy-with-fp-gradient-formats"."""
+    return re.sub(r"[^\w\- ]", "", heading.lower()).replace(" ", "-")
 
 
 LEGEND = (
@@ -211,15 +219,12 @@ def write_summary(figures: Path, out: str | Path, cited: Sequence[Path] | None =
         if record is None:
             continue
         lines += [f"## {experiment.id}: {experiment.title}", ""]
+        prefix = experiment.prefix
         lines += [f"- {finding}" for finding in record.findings]
-        if record.comparisons:
-            lines += ["", to_markdown(comparison_rows(record.comparisons))]
         lines += [
             "",
-            f"How: {record.caption}",
-            "",
-            f"Figure: `{experiment.prefix}.png`; every table: `{experiment.prefix}.md` "
-            f"(main table as CSV: `{experiment.prefix}.csv`).",
+            f"How: {record.caption} Figure: [`{prefix}.png`]({prefix}.png); every comparison and table: "
+            f"[`{prefix}.md`]({prefix}.md) (main table as CSV: `{prefix}.csv`).",
             "",
         ]
     out = Path(out)
