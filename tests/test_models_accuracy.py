@@ -104,7 +104,7 @@ def test_each_fp_arm_is_compared_with_the_baseline_of_its_own_model(tmp_path):
     prefix = tmp_path / "A5"
     write_result(result, "A5", "A5", prefix)
     figure = experiments()["A5"].draw(Record.load(prefix.with_suffix(".json")))
-    titles = [ax.get_title() for ax in figure.axes]  # one panel per model and scale, each naming both
+    titles = [ax.get_title() for ax in figure.axes if ax.get_title()]  # one per model and scale, naming both
     assert [title.split(",")[0] for title in titles] == ["resnet18", "mobilenetv2_035"]
     assert all("steps" in title for title in titles)
     save_figure(titled(figure, "A5"), prefix)

@@ -104,9 +104,12 @@ def accuracy_pair(
 GAP = "gap_pt"  # the estimate a row's paired difference from its reference is written as
 SCHEDULE = "schedule"  # the role of an arm against the same policy with the default schedule
 GAP_PANEL = (
-    "Paired accuracy gap of each arm to the uncompressed run of its model and scale, in points (mean over "
-    "seeds with 95 % CI; dashed: no difference)"
-)  # what the gap panels of C1 and C3 show
+    "Paired accuracy gap of each arm to the uncompressed run of its model and scale, in points: each seed's "
+    "difference (dots), their mean with its 95 % CI (hollow: inconclusive), the margin of its test shaded "
+    "around 0 (a non-inferiority margin bounds the gap from below only; a margin is decided by the 90 % "
+    "interval, which can lie within it where the 95 % one does not) and its verdict under its name; dashed: "
+    "no difference; the axis logarithmic beyond twice the margin"
+)  # what the gap panels of C1, C3 and C4 show
 
 
 def gap_cells(gap: Comparison | None) -> dict[str, Any]:

@@ -584,10 +584,11 @@ def _c5_caption(settings: ScaleFormats, groups: list[RunGroup]) -> str:
         family's neural gradients with {settings.element} elements in blocks of {blocks} under each scale
         format ({scales}; the two-level ones with a float32 scale per tensor, torchao's rule), nearest
         rounding, no transform, blocks along the output features: measured (solid) and predicted by the iid
-        lognormal block model (dashed), per family, mean over seeds. Models: {models}, {settings.batches}
-        test batch(es) in eval mode, every seed. Comparisons: per seed, Spearman's correlation of each
-        model's (iid, correlated) predicted MSE with the measured over the {arms} arms, above
-        {settings.correlation_margin:g}; FP4 All the Way's figures 1-2 (training loss of a 350M model: E4M3
-        and E3M4 scales best and about equal, E8M0 worse, smaller blocks better with the gain fading below
-        16) as differences of ln MSE on these gradients, paired by seed, within ±{settings.margin:.3g} (a
-        factor {math.exp(settings.margin):.3g}) counting as none; each question its own Holm family."""
+        lognormal block model (dashed), per family, mean over seeds; over each panel, Spearman's correlation
+        of the iid prediction with the measured over the arms (mean over seeds, 95 % CI). Models: {models},
+        {settings.batches} test batch(es) in eval mode, every seed. Comparisons: per seed, Spearman's
+        correlation of each model's (iid, correlated) predicted MSE with the measured over the {arms} arms,
+        above {settings.correlation_margin:g}; FP4 All the Way's figures 1-2 (training loss of a 350M model:
+        E4M3 and E3M4 scales best and about equal, E8M0 worse, smaller blocks better with the gain fading
+        below 16) as differences of ln MSE on these gradients, paired by seed, within ±{settings.margin:.3g}
+        (a factor {math.exp(settings.margin):.3g}) counting as none; each question its own Holm family."""

@@ -50,7 +50,7 @@ def _caption(settings: Budgets, groups: dict[str, RunGroup]) -> str:
         show whether it levels off by {settings.budgets[-1]} (mean over seeds). The gap at
         {settings.replicates} epochs replicates the default configuration's full scale on other seeds;
         each arm's trend is the per-seed slope of its gap against log2 of the budget (above 0: it catches
-        up). {scale_note(groups)}"""
+        up; in (a)'s legend, mean with 95 % CI). {scale_note(groups)}"""
 
 
 def training_budget(settings: Budgets, runs: dict[str, RunGroup]) -> Result:

@@ -428,18 +428,19 @@ def _trajectories(groups: list[RunGroup]) -> tuple[PerSeed, PerSeed, PerSeed, di
 
 
 def _a3_caption(groups: list[RunGroup], last_steps: set[int]) -> str:
+    models = "every model" if len(groups) > 1 else groups[0].model
     return f"""Mean (mu2) and standard deviation (sigma2) of log2|g| of each probed layer's neural
         gradient (probe every few steps), for two populations: the entries whose gradient at the following
         BatchNorm's output is non-zero (what the reference code fits) and all non-zero entries (with
         BatchNorm's small mean corrections where the activation zeroed the gradient). Top rows: every layer
         of {groups[0].model} against the training step, one row per population, coloured by the layer's
         depth (colour bar); lines: mean over the seeds, bands: 95 % CI (left out where many layers would
-        overlap). Bottom rows, every model: mu2 and sigma2 of each layer at its last probed step against the
+        overlap). Bottom rows, {models}: mu2 and sigma2 of each layer at its last probed step against the
         layer's relative depth (0: first probed layer, 1: last) and, over training, the spread of mu2 over
         layers (max - min) and the mean sigma2; solid: BatchNorm-output non-zero entries, dashed: all
         non-zero. {_context(groups)}. Layers sit binades apart and drift during training, which is why one
         global loss scale may not suit them all; sigma2 sets the exponent bits an FP format needs. The table
-        gives every model's layers at the last probed step ({_steps(last_steps)}); the spread of mu2 over
+        gives the layers of {models} at the last probed step ({_steps(last_steps)}); the spread of mu2 over
         layers, mean sigma2 and drift of the mean mu2 are computed per model, seed and population (the drift
         from each model's first step at which every layer has a finite fit: its own drift_from_step), then
         averaged over seeds."""

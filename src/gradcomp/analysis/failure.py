@@ -688,7 +688,9 @@ def _late_caption(
         below {guard["guard"]:g} at {guard["guard_patience"]} noise steps in a row, one every
         {guard["noise_every"]} steps) and switched to fp32 in every layer from step
         {late.config["compression"]["switch_step"]} (the late switch), against fp32; with each arm's average
-        bits per gradient element over training. {training_context(groups)}. F2 (FP4 All the Way, section 5):
+        bits per gradient element over training; beside them, the paired differences the verdicts decide
+        (each seed's, their mean and 95 % interval, the margin of each test shaded).
+        {training_context(groups)}. F2 (FP4 All the Way, section 5):
         the late switch non-inferior to fp32 within {settings.margin:g} pt, where the format's measured R
         first falls below sqrt(3) after {settings.late_from:.0%} of training (its regime; else recorded as
         not tested there, with the guard against fp32 as the test of the principle); F3 (NVIDIA, appendix

@@ -269,7 +269,9 @@ def _a5_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
     return f"""Final test accuracy when the gradient at every compression point of the model (below) is
         rounded ({rounding}) to an n-bit [1,E,M] format, scaled {scaling}, refreshed every step;
         {panels} the dashed line and band of the uncompressed run of {"its" if models.several else "the"}
-        model (mean and 95 % CI). Points: mean over seeds with 95 % CI; dots: each seed. Models
+        model (mean and 95 % CI). Points: mean over seeds with 95 % CI; dots: each seed. Below, each format's
+        difference from that run paired by seed, as its verdict (under its name) was decided: each seed's,
+        the mean with its 95 % interval (hollow: inconclusive), the margin of its test shaded. Models
         ({models.caption()}). {training_context(runs)}. Each format is compared with the uncompressed run of
         its own model and scale, paired by seed (same initialisation and data order), and an arm that only
         starts compressing later with the same arm at the default schedule; verdicts after {FAMILIES},
@@ -846,13 +848,14 @@ def _a10_caption(settings: FailurePairs, baselines: list[RunGroup], runs: dict[s
         criterion) or in any one layer (every-layer criterion). Training decides a run: it fails when
         significantly worse than fp32 of its model (paired by seed, {FAMILIES}), trains when
         equivalent within ±{settings.margin:g} pt (two one-sided tests), and is undecided otherwise. (a) Each
-        failing configuration (red) next to its fix (green): final test accuracy, mean and 95 % CI over seeds
-        and every seed, with the uncompressed run of its model (band). (b) Predicted relative MSE of {swept}
+        failing configuration next to its fix (joined), coloured by what training showed (red: fails, green:
+        trains, grey: undecided): final test accuracy, mean and 95 % CI over seeds and every seed, with the
+        uncompressed run of its model (band). (b) Predicted relative MSE of {swept}
         with one global scale for every layer, against log2 of that scale (2^{settings.log2_scales[0]} to
         2^{settings.log2_scales[1]}), per model, next to the per-layer mean rule (dotted), with each model's
         predicted windows (light shading: element criterion passed; dark: every-layer criterion passed). (c)
         Predicted relative MSE of every trained FP run against its measured accuracy loss from fp32 of its
-        model (95 % CI; filled: fails, hollow: trains or undecided). {training_context(runs)}."""
+        model (95 % CI; coloured as in (a), one marker per model). {training_context(runs)}."""
 
 
 def _pair_rows(fixes: list[tuple[RunGroup, RunGroup]], comparisons: list[Comparison]) -> list[dict]:

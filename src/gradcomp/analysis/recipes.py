@@ -56,10 +56,11 @@ def recipes(settings: Recipes, runs: dict[str, RunGroup]) -> Result:
 
 def _caption(settings: Recipes, models: WithinModels, groups: dict[str, RunGroup]) -> str:
     recipes = "; ".join(dict.fromkeys(models.label(arm) for arm in models.arms))
-    return f"""{GAP_PANEL}, and (b) each recipe's noise ratio R = ||g_W|| / ||noise in g_W|| of its
+    return f"""(a) {GAP_PANEL}, and (b) each recipe's noise ratio R = ||g_W|| / ||noise in g_W|| of its
         weight gradients, model-wide, averaged over the noise steps of its run and over seeds (each recipe
         numbered as in (a)): measured (the weight-gradient GEMMs, x) against its two predictions without a
         GEMM (theory: the lognormal block model; carried: the error the compression made), the dotted line
-        sqrt(3) (FP4 All the Way's stall). Recipes: {recipes}. {models.caption()}.
-        {training_context(groups)}. Each recipe against its baseline and every two of one model against each
-        other, paired by seed, {FAMILIES}, equivalence within ±{settings.margin:g} pt."""
+        sqrt(3) (FP4 All the Way's stall), the grey one predicted = measured. Recipes: {recipes}.
+        {models.caption()}. {training_context(groups)}. Each recipe against its baseline and every two of
+        one model against each other, paired by seed, {FAMILIES}, equivalence within ±{settings.margin:g}
+        pt."""

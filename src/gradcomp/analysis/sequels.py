@@ -190,8 +190,10 @@ def _c3_caption(settings: Successors, models: WithinModels, groups: dict[str, Ru
         {settings.batches} test batches of the baseline's trained model, in eval mode; predicted by the
         lognormal theory from each layer's fit, zero share and largest value, element-weighted) and on the
         weight gradient. Comparisons: each arm against its baseline (paired by seed, Holm, equivalence
-        within ±{settings.margin:g} pt); measured against predicted variance (ln ratio, equivalence within
-        ±{settings.theory_margin:g}); each N:M arm's variance against the naive unbiased estimator's."""
+        within ±{settings.margin:g} pt, or the test and margin of the claim it decides); measured against
+        predicted variance (ln ratio, equivalence within ±{settings.theory_margin:g}); each N:M arm's
+        variance against the naive unbiased estimator's (these two verdicts under each arm's name in
+        (b))."""
 
 
 def successors(settings: Successors, runs: dict[str, RunGroup]) -> Result:

@@ -197,8 +197,10 @@ def _a7_caption(settings: Calibration, groups: list[RunGroup], names: Mapping[st
         {len(synthetic.seeds)} draws. (b) Training{legend}: each small point is one pruned layer's achieved
         sparsity over the last epoch (mean over seeds), each large point with error bars a run's overall
         sparsity (zeros over all its pruned elements, i.e. the layers weighted by their elements; mean and
-        95 % CI over seeds). (c) Achieved - attainable sparsity of each run (large, 95 % CI) and of each of
-        its layers (small), grouped by model. Gradients pruned and measured at each model's compression
+        95 % CI over seeds). (c) Achieved sparsity - target of each run (large, 95 % CI) and of each of
+        its layers (small), grouped by model, with each run's attainable sparsity - target (grey bar: above
+        0 where its layers' gradients had more zeros than the target before pruning), against which the
+        comparisons below judge it. Gradients pruned and measured at each model's compression
         points: {points}. Thresholds fitted as each run's policy says ({_fits(groups)}); "analytic" runs use
         the closed-form threshold alone (the paper's), the others correct it by each layer's last miss
         (calibration). {training_context(runs)}. Comparisons: each run's overall achieved sparsity against
@@ -431,12 +433,14 @@ def _a8_caption(models: WithinModels, runs: dict[str, RunGroup]) -> str:
         {f"and the other runs ({', '.join(others)})" if others else ""}; mean and 95 % CI over seeds on both
         axes; dots: each seed. (a) The first model's curve, with its uncompressed run (dashed line and
         band); (b) every arm's accuracy difference from the uncompressed run of its own model and scale
-        (paired by seed, 95 % CI), coloured by model. Models ({models.caption()}). {training_context(runs)}.
-        Comparisons: each run against the uncompressed run of its own model; each other threshold, fit or
-        schedule against the lognormal curve of its model at the sparsity it achieved (per seed, linear
-        between the curve's runs); paired by seed, {FAMILIES}, equivalence by two one-sided
-        tests at the settings' margin. A table gives the achieved sparsity of each layer kind (depthwise,
-        projection, expansion) where a model has several: the diagnosis of a model that fails."""
+        (paired by seed, 95 % CI; filled: better or worse), one row per arm labelled with its achieved
+        sparsity, grouped and coloured by model and scale. Models ({models.caption()}).
+        {training_context(runs)}. Comparisons: each run against the uncompressed run of its own model;
+        each other threshold, fit or schedule against the lognormal curve of its model at the sparsity it
+        achieved (per seed, linear between the curve's runs); paired by seed, {FAMILIES}, equivalence by
+        two one-sided tests at the settings' margin. A table gives the achieved sparsity of each layer kind
+        (depthwise, projection, expansion) where a model has several: the diagnosis of a model that
+        fails."""
 
 
 def accuracy_vs_sparsity(settings: CompareWithinModels, runs: dict[str, RunGroup]) -> Result:

@@ -590,15 +590,22 @@ def unbiasedness(settings: Unbiasedness, runs: dict[str, RunGroup]) -> Result:
 # --- B4 -----------------------------------------------------------------------------------------------------
 def _b4_caption(qat: RunGroup, fqt: list[RunGroup], bit_list: list[int], runs: dict[str, RunGroup]) -> str:
     weight_paths = sorted({f"{g.policy.weight_bits}-bit {g.policy.weight_path}" for g in fqt})
+    schemes = [scheme.upper() for scheme in SCHEMES if any(g.policy.scheme == scheme for g in fqt)]
+    present = {(g.policy.bits, g.policy.scheme) for g in fqt}
+    pairs = [
+        f"{a.upper()} against {b.upper()}"
+        for a, b in (("psq", "ptq"), ("bhq", "psq"))
+        if any((bits, a) in present and (bits, b) in present for bits in bit_list)
+    ]
+    ladder = f" and at each bit width {' and '.join(pairs)}" if pairs else ""
     return f"""(a) Final test accuracy with exact gradients (Exact, no quantization), with
         {qat.forward_bits}-bit forward quantization only (QAT) and with QAT plus unbiased integer gradients
-        (FQT) of {", ".join(map(str, bit_list))} bits on the activation-gradient path (PTQ, PSQ or BHQ;
+        (FQT) of {", ".join(map(str, bit_list))} bits on the activation-gradient path ({" / ".join(schemes)};
         weight-gradient path {", ".join(weight_paths)}, as in the reference code); mean and 95 % CI over
         seeds, each seed's point coloured by scheme; dashed: Exact, solid: QAT. (b) Each FQT run's accuracy
         difference from QAT, paired by seed: mean and 95 % CI, each seed's difference as a dot.
-        {training_context(runs)}. Comparisons: QAT against Exact, each FQT run against QAT, and at each bit
-        width PSQ against PTQ and BHQ against PSQ; paired by seed, {FAMILIES}, equivalence by two
-        one-sided tests at the settings' margin."""
+        {training_context(runs)}. Comparisons: QAT against Exact, each FQT run against QAT{ladder}; paired
+        by seed, {FAMILIES}, equivalence by two one-sided tests at the settings' margin."""
 
 
 def accuracy_table(settings: FqtAccuracy, runs: dict[str, RunGroup]) -> Result:

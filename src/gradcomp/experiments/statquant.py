@@ -198,7 +198,7 @@ register(
     id="B4",
     slug="accuracy_table",
     stage="statquant",
-    title="Test accuracy: Exact, QAT and FQT with PTQ, PSQ, BHQ gradients",
+    title="Test accuracy: Exact, QAT and FQT with integer gradients",
     params=FqtAccuracy,
     claims={
         "S5": (

@@ -6,6 +6,7 @@ import textwrap
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.ticker import NullFormatter
 
 from gradcomp.analysis.tables import Record
 from gradcomp.plots.style import accuracy_points, baseline_band, errorbars, subplots, value
@@ -23,15 +24,27 @@ def accuracy_vs_bits(record: Record) -> Figure:
             "accuracy",
             "bits",
             fmt="osD^vP*X<>"[index % 10],
-            markersize=6,
+            markersize=7,
+            markerfacecolor="none",  # hollow: runs at the same bits (fp32 and QAT at 32) all show
+            markeredgewidth=1.5,
             capsize=2,
             label=family,
         )
     front = sorted((r for r in rows if r["pareto"]), key=lambda r: value(r, "bits"))
-    ax.plot([value(r, "bits") for r in front], [value(r, "accuracy") for r in front], color="grey", zorder=0)
+    ax.plot(
+        [value(r, "bits") for r in front],
+        [value(r, "accuracy") for r in front],
+        color="grey",
+        zorder=0,
+        label="Pareto front of the means",
+    )
     ax.set(xscale="log", xlabel="bits per gradient element (log scale)", ylabel="test accuracy")
-    ax.set_xticks([1, 2, 4, 8, 16, 32], labels=["1", "2", "4", "8", "16", "32"])
-    ax.legend(fontsize=7, loc="lower right")
+    low, high = ax.get_xlim()  # powers of two inside the data's range (fixed ticks would widen the axis)
+    ticks = [2.0**power for power in range(-3, 8) if low <= 2.0**power <= high]
+    if len(ticks) > 1:  # else matplotlib's own ticks: one would leave the axis without a scale
+        ax.set_xticks(ticks, labels=[f"{tick:g}" for tick in ticks])
+        ax.xaxis.set_minor_formatter(NullFormatter())
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0))  # outside: no run under it
     return figure
 
 
@@ -51,6 +64,8 @@ def prune_plus_fp(record: Record) -> Figure:
     labels = [f"{_wrapped(row['label'], width)}\n{value(row, 'bits'):.2f} bits" for row in rows]
     ax.set_xticks(positions, labels, fontsize=7)
     baseline_band(ax, baseline, "accuracy", baseline["label"])
+    ax.plot([], [], "o", color="C0", label="mean over seeds, 95 % CI")
+    ax.scatter([], [], s=8, color="k", alpha=0.6, linewidths=0, label="each seed")
     ax.set(ylabel="test accuracy")
     ax.set_title("(a) accuracy; bits per gradient element under each label", fontsize=9)
     ax.legend(fontsize=8, loc="lower left")

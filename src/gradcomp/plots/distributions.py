@@ -44,37 +44,54 @@ def _models(rows: list[dict]) -> list[str]:
 
 
 # --- A1 -----------------------------------------------------------------------------------------------------
+def _same(first: list[dict], second: list[dict]) -> bool:
+    """Whether two populations' histograms and fits are one (all non-zero entries BatchNorm-output ones)."""
+    keys = ("log2_centre", "count", "log2_mean", "log2_std")
+    return [[row[key] for key in keys] for row in first] == [[row[key] for key in keys] for row in second]
+
+
 def _log2_histogram(ax: Axes, layer: str, populations: dict[str, list[dict]]) -> None:
-    """One layer's log2|g| histogram per population, each with its own normal fit."""
+    """One layer's log2|g| histogram per population, each with its own normal fit; a population equal to the
+    reference is drawn once, named as both (twice, it would be one picture under two legend entries)."""
     styles = {"BN-output non-zero": ("C0", "C3"), "all non-zero": ("0.6", "0.3")}  # bars, fit line
-    limits = []
+    reference = populations.get("BN-output non-zero")
+    same = reference is not None and _same(reference, populations.get("all non-zero", []))
+    limits, peaks = [], []
     for population, rows in populations.items():
+        if same and population == "all non-zero":
+            continue
         bars, line = styles[population]
         centres = np.array([row["log2_centre"] for row in rows])
         counts = np.array([row["count"] for row in rows])
         width = centres[1] - centres[0]
         mean, std = rows[0]["log2_mean"], rows[0]["log2_std"]
-        reference = population == "BN-output non-zero"
+        label = population
+        if rows is reference:
+            label += f" ({rows[0]['share']:.0%}" + (" = all non-zero)" if same else ")")
         ax.stairs(
             counts,
             np.append(centres - width / 2, centres[-1] + width / 2),
             color=bars,
-            fill=reference,
+            fill=rows is reference,
             alpha=0.6,
-            label=population + (f" ({rows[0]['share']:.0%})" if reference else ""),
+            label=label,
         )
+        peaks.append(counts.max())
         if std is not None and np.isfinite(std) and std > 0:  # null: a layer without a fit (one value)
-            density = np.exp(-0.5 * ((centres - mean) / std) ** 2) / (std * np.sqrt(2 * np.pi))
+            area = counts.sum() * width / (std * np.sqrt(2 * np.pi))  # the fit scaled to the histogram
+            density = area * np.exp(-0.5 * ((centres - mean) / std) ** 2)
             ax.plot(
                 centres,
-                counts.sum() * width * density,
+                density,
                 color=line,
                 linestyle=DASHES[population],
                 label=f"fit: mu2 {mean:.1f}, sigma2 {std:.2f}",
             )
             limits += [mean - 5 * std, mean + 4 * std]
+            peaks.append(density.max())
     if limits:
         ax.set_xlim(min(limits), max(limits))
+    ax.set_ylim(0, 1.5 * max(peaks))  # headroom: the legend sits above the bars, not over them
     ax.set(title=layer if len(layer) <= 32 else "..." + layer[-29:], xlabel="log2 |g|", ylabel="count")
     ax.legend(loc="upper left", fontsize=6)
 
@@ -114,6 +131,8 @@ def gradient_histograms(record: Record) -> Figure:
                 color="C2",
             )
             ax.set_yscale("log" if kind == "gradient" else "linear")
+            # gradients of order 1e-4 in plain decimals overprint each other: a power-of-ten offset instead
+            ax.ticklabel_format(axis="x", style="sci", scilimits=(-2, 3))
             ax.set_title(f"{rows[0]['layer']} {kind} (linear)")
         ax.set(xlabel=kind + " value", ylabel="count")
     ax = axes[1][3]

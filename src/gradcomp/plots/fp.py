@@ -2,16 +2,21 @@
 
 from __future__ import annotations
 
+import textwrap
 from collections import defaultdict
 
 import numpy as np
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
 from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.tables import Record
+from gradcomp.analysis.verdicts import Comparison
 from gradcomp.plots.style import (
+    OUTCOMES,
     accuracy_points,
     baseline_band,
+    comparison_points,
     errorbars,
     gap_points,
     interval,
@@ -60,9 +65,12 @@ def fp_mse_theory(record: Record) -> Figure:
         ys.append(row["optimal_exp_bits"])
     for (bits, kind), (xs, ys) in grouped.items():
         colour = f"C{bit_list.index(bits)}"
-        ax.step(xs, ys, where="mid", color=colour, linestyle=STYLES[kind], label=f"{bits}b {kind}")
+        ax.step(xs, ys, where="mid", color=colour, linestyle=STYLES[kind])
+    handles = [Line2D([], [], color=f"C{index}", label=f"{bits} bits") for index, bits in enumerate(bit_list)]
+    grids = dict.fromkeys(kind for _, kind in grouped)  # 16 curves: colour the bits, line style the grid
+    handles += [Line2D([], [], color="grey", linestyle=STYLES[kind], label=f"{kind} grid") for kind in grids]
     ax.set(xlabel="sigma2 (binades)", ylabel="optimal exponent bits E", title="(c) optimal split")
-    ax.legend(fontsize=6, ncol=2)
+    ax.legend(handles=handles, fontsize=7, ncol=2, loc="lower right")
     ax = axes[1][1]
     checks = record.rows()
     analytic = np.array([row["analytic_relative_mse"] for row in checks])
@@ -100,34 +108,54 @@ def _by_model(record: Record) -> list[tuple[dict, list[dict]]]:
 
 
 def fp_formats(record: Record) -> Figure:
+    """A5: per model and scale, each format's accuracy against fp32's (top), and below it the difference
+    from fp32 paired by seed that its verdict decides (the seeds move together: two accuracies' intervals
+    would hide it)."""
     models = _by_model(record)
+    gaps = {row["arm"]: Comparison.from_row(row) for row in record.comparisons}
     widths = [max(3.0, 0.55 * len(arms) + 1.5) for _, arms in models]
-    figure, axes = subplots(ncols=len(models), width=max(widths), height=4.6)
-    for ax, (baseline, arms) in zip(axes[0], models, strict=True):
-        _format_points(ax, record, arms, "C0")
-        baseline_band(ax, baseline, "accuracy", baseline["label"])
-        ax.set(ylabel="test accuracy", xlabel="gradient format")
-        ax.set_title(f"{baseline['model']}, {baseline['scale']}", fontsize=8, wrap=True)
-        ax.legend(fontsize=8, loc="lower left")
+    figure, axes = subplots(ncols=len(models), nrows=2, width=max(widths), height=3.4)
+    for column, (baseline, arms) in enumerate(models):
+        top, bottom = axes[0][column], axes[1][column]
+        bottom.sharex(top)
+        accuracy_points(top, record, arms, "C0")
+        baseline_band(top, baseline, "accuracy", baseline["label"])
+        top.set(ylabel="test accuracy", xlim=(-0.6, len(arms) - 0.4))
+        top.tick_params(labelbottom=False)
+        top.set_title(textwrap.fill(f"{baseline['model']}, {baseline['scale']}", 60), fontsize=8)
+        top.legend(fontsize=8, loc="lower left")
+        drawn = [gaps[row["run"]] for row in arms]
+        comparison_points(bottom, drawn, np.arange(len(arms)))
+        names = [f"{row['label']}\n{gap.verdict}" for row, gap in zip(arms, drawn, strict=True)]
+        bottom.set_xticks(np.arange(len(arms)), names, rotation=35, ha="right", fontsize=8)
+        bottom.set(ylabel=f"accuracy - {baseline['label']} (pt)", xlabel="gradient format")
+    handles, labels = axes[1][0].get_legend_handles_labels()
+    for ax in axes[1][1:]:
+        for handle, label in zip(*ax.get_legend_handles_labels(), strict=True):
+            if label not in labels:
+                handles.append(handle)
+                labels.append(label)
+    figure.legend(handles, labels, loc="outside lower center", ncol=len(labels), fontsize=8)
     return figure
 
 
 def scaling_and_split(record: Record) -> Figure:
+    """A6: the fixed global scales along their log2 axis; the rules that are no scale (dynamic loss scaling,
+    the per-layer min-MSE rule) on a category axis of their own beside it, sharing its y axis."""
     rows = record.rows()
-    figure, axes = subplots(ncols=2, width=5.4, height=4.4)
-    ax = axes[0][0]
+    figure, axes = subplots(ncols=3, width=4.0, height=4.6, width_ratios=[1.3, 0.8, 1.1])
+    ax, rules = axes[0][0], axes[0][1]
+    rules.sharey(ax)
     compared = [row for row in rows if row.get("versus")]
     series = defaultdict(list)
     for row in compared:
         series[row["model"], row["format"]].append(row)
-    sweep = sorted({row["log2_global_scale"] for row in compared if row["log2_global_scale"] is not None})
-    right = (max(sweep) if sweep else 0) + 4
+    names = list(dict.fromkeys(row["scaling"] for row in compared if row["log2_global_scale"] is None))
     for index, ((model, fmt), mine) in enumerate(series.items()):
         colour = f"C{index}"
         fixed = sorted(
             (r for r in mine if r["log2_global_scale"] is not None), key=lambda r: r["log2_global_scale"]
         )
-        others = [r for r in mine if r["log2_global_scale"] is None]
         gap_points(ax, fixed, [r["log2_global_scale"] for r in fixed], color=colour)
         ax.plot(
             [r["log2_global_scale"] for r in fixed],
@@ -135,28 +163,33 @@ def scaling_and_split(record: Record) -> Figure:
             color=colour,
             label=f"{model} {fmt}",
         )
-        positions = [right + 2 * i + 0.3 * index for i in range(len(others))]
-        gap_points(ax, others, positions, color=colour, fmt="s")
-        for row, position in zip(others, positions, strict=True):
-            ax.annotate(
-                row["scaling"],
-                (position, value(row, "gap_pt")),
-                fontsize=6,
-                rotation=60,
-                xytext=(3, 3),
-                textcoords="offset points",
-            )
-    ax.axhline(0, color="k", linewidth=0.8)
+        others = [r for r in mine if r["log2_global_scale"] is None]
+        offset = 0.15 * (index - (len(series) - 1) / 2)  # side by side within a rule
+        gap_points(rules, others, [names.index(r["scaling"]) + offset for r in others], color=colour)
     margin = record.facts.get("margin")
-    if margin:
-        ax.axhspan(-margin, margin, color="C2", alpha=0.12, linewidth=0, label=f"±{margin:g} pt (margin)")
+    for panel in (ax, rules):
+        panel.axhline(0, color="k", linewidth=0.8)
+        if margin:
+            panel.axhspan(
+                -margin, margin, color="C2", alpha=0.12, linewidth=0, label=f"±{margin:g} pt (margin)"
+            )
     ax.set(
-        xlabel="log2 global loss scale (squares: other rules)",
+        xlabel="log2 global loss scale",
         ylabel="accuracy - per-layer mean rule (pt)",
-        title="(a) scaling rules",
+        title="(a) one global scale",
     )
-    ax.legend(fontsize=7, loc="best")
-    ax = axes[0][1]
+    rules.set_xticks(range(len(names)), [textwrap.fill(name, 10) for name in names])
+    rules.set_xlim(-0.6, len(names) - 0.4)
+    rules.tick_params(labelleft=False)
+    rules.set(xlabel="other rule", title="(a) other rules")
+    handles = ax.get_legend_handles_labels()[0]
+    dot = {"marker": "o", "linestyle": "", "color": "grey"}
+    handles += [
+        Line2D([], [], **dot, label="filled: better or worse"),
+        Line2D([], [], **dot, markerfacecolor="white", label="hollow: neither shown"),
+    ]
+    figure.legend(handles=handles, loc="outside lower center", ncol=3, fontsize=8)
+    ax = axes[0][2]
     splits = sorted((row for row in rows if row.get("split")), key=lambda row: row["format"])
     if splits:
         _format_points(ax, record, splits, "C1")
@@ -170,48 +203,58 @@ def scaling_and_split(record: Record) -> Figure:
     return figure
 
 
+MARKERS = "osD^vP"  # A10 (c): one marker per model
+MODEL_COLOURS = ("C0", "C1", "C4", "C5", "C6", "C8", "C9")  # A10: a model's colour is never an outcome's
+
+
 def failure_cases(record: Record) -> Figure:
+    """A10: colour is what training showed against fp32 (fails, trains, undecided) in (a) and (c); a model is
+    one colour in (b) and its fp32 line in (a), and one marker in (c)."""
     rows = record.rows()
     baselines = {row["model"]: row for row in record.rows("baseline")}
+    outcomes = {row["run"]: row["measured"] for row in record.rows("arms")}
     seeds = defaultdict(list)
     for row in record.rows("seeds"):
         seeds[row["run"]].append(row["accuracy"])
+    window = defaultdict(list)
+    for row in record.rows("window"):
+        window[row["model"]].append(row)
+    models = list(dict.fromkeys([*window, *baselines]))
+    colours = {model: MODEL_COLOURS[index % len(MODEL_COLOURS)] for index, model in enumerate(models)}
+    short = {model: model.split(" ")[0] for model in models}
     figure, axes = subplots(ncols=3, width=5.2, height=4.8)
+
     ax = axes[0][0]
     several = len({row["model"] for row in rows}) > 1
-    position = 0
     ticks, labels = [], []
-    for row in rows:
-        for side, colour in (("failing", "C3"), ("fixing", "C2")):
+    for index, row in enumerate(rows):
+        positions = [2 * index, 2 * index + 1]
+        means = []
+        for side, position in zip(("failing", "fixing"), positions, strict=True):
             estimate = Estimate.read(row, f"{side}_accuracy")
             bounds = estimate.interval
             error = None if bounds is None else [[estimate.mean - bounds[0]], [bounds[1] - estimate.mean]]
+            colour = OUTCOMES[outcomes[row[f"{side}_run"]]]
             ax.errorbar(
                 [position], [estimate.mean], yerr=error, fmt="o", color=colour, capsize=3, markersize=7
             )
             seed_points(ax, [position + 0.15], [seeds[row[f"{side}_run"]]], s=8)
-            ticks.append(position)
-            labels.append(f"{row['model'].split(' ')[0]}: {row[side]}" if several else row[side])
-            position += 1
+            means.append(estimate.mean)
+            name = f"{short[row['model']]}: {row[side]}" if several else row[side]
+            labels.append(name if side == "failing" else f"fix: {row[side]}")
+        ax.plot(positions, means, color="grey", linewidth=0.8, zorder=1)  # the pair
+        ticks += positions
     ax.set_xticks(ticks, labels=labels, rotation=35, ha="right", fontsize=7)
     for model in dict.fromkeys(row["model"] for row in rows):
-        baseline_band(ax, baselines[model], "accuracy", f"{model.split(' ')[0]} fp32")
-    ax.set(ylabel="test accuracy", title="(a) failures (red) and fixes (green)")
+        baseline_band(ax, baselines[model], "accuracy", f"{short[model]} fp32", colour=colours[model])
+    ax.set(ylabel="test accuracy", title="(a) each failing configuration, then its fix")
     bands = ax.get_legend_handles_labels()  # drawn below the figure: inside, it would hide failing runs
 
     ax = axes[0][1]
-    window = defaultdict(list)
-    for row in record.rows("window"):
-        window[row["model"]].append(row)
     rules = {row["model"]: row for row in record.rows("models")}
-    for index, (model, mine) in enumerate(window.items()):
-        colour = f"C{index}"
-        ax.plot(
-            [r["log2_scale"] for r in mine],
-            [r["predicted_relative_mse"] for r in mine],
-            color=colour,
-            label=model.split(" ")[0],
-        )
+    for model, mine in window.items():
+        colour = colours[model]
+        ax.plot([r["log2_scale"] for r in mine], [r["predicted_relative_mse"] for r in mine], color=colour)
         ax.axhline(rules[model]["per_layer_rule_relative_mse"], color=colour, linestyle=":", linewidth=1)
         for scope, alpha in (("element", 0.06), ("every_layer", 0.18)):
             if rules[model][f"{scope}_window_low"] is not None:
@@ -223,32 +266,46 @@ def failure_cases(record: Record) -> Figure:
         ylabel="predicted relative MSE",
         title="(b) predicted window of one global scale\n(dotted: the per-layer rule)",
     )
-    handles, names = ax.get_legend_handles_labels()
-    figure.legend(bands[0] + handles, bands[1] + names, loc="outside lower center", ncol=6, fontsize=7)
 
     ax = axes[0][2]
     arms = record.rows("arms")
-    for index, model in enumerate(window):
+    for index, model in enumerate(models):
         mine = [r for r in arms if r["model"] == model and np.isfinite(value(r, "gap_pt"))]
-        for fails in (True, False):
-            chosen = [r for r in mine if (r["measured"] == "fails") == fails]
-            if not chosen:
-                continue
-            ax.errorbar(
-                [r["predicted_relative_mse"] for r in chosen],
-                [-value(r, "gap_pt") for r in chosen],
-                yerr=interval(chosen, "gap_pt")[::-1],
-                fmt="o",
-                color=f"C{index}",
-                markerfacecolor=f"C{index}" if fails else "white",
-                capsize=2,
-                markersize=5,
-            )
+        for outcome, colour in OUTCOMES.items():
+            chosen = [r for r in mine if r["measured"] == outcome]
+            if chosen:
+                ax.errorbar(
+                    [r["predicted_relative_mse"] for r in chosen],
+                    [-value(r, "gap_pt") for r in chosen],
+                    yerr=interval(chosen, "gap_pt")[::-1],
+                    fmt=MARKERS[index % len(MARKERS)],
+                    color=colour,
+                    capsize=2,
+                    markersize=5,
+                )
     ax.axhline(0, color="grey", linewidth=0.8)
     ax.set(
         xscale="log",
         xlabel="predicted relative MSE (mean over layers)",
         ylabel="accuracy loss vs fp32 of its model (pt)",
-        title="(c) prediction vs outcome (filled: fails)",
+        title="(c) prediction vs outcome",
     )
+    present = set(outcomes.values())
+    handles = [
+        Line2D([], [], marker="o", linestyle="", color=colour, label=f"outcome: {outcome}")
+        for outcome, colour in OUTCOMES.items()
+        if outcome in present
+    ] + [
+        Line2D(
+            [],
+            [],
+            marker=MARKERS[index % len(MARKERS)],
+            color=colours[model],
+            markerfacecolor="grey",
+            markeredgecolor="grey",
+            label=short[model],
+        )
+        for index, model in enumerate(models)
+    ]
+    figure.legend(handles=handles + bands[0], loc="outside lower center", ncol=6, fontsize=7)
     return figure

@@ -37,23 +37,20 @@ def bin_usage(record: Record) -> Figure:
     ax.axvline(ranges[0]["whole_tensor_range"], color="k", ls="--", label="whole-tensor range (PTQ)")
     samples, width = ranges[0]["shape"]
     ax.set(xscale="log", xlabel="per-sample range max - min of dL/dH", ylabel="samples")
-    ax.set_title(f"(a) {layer}: {samples} samples x {width} values", fontsize=10)
+    ax.set_title(
+        f"(a) {layer}: {samples} samples x {width} values\n(histograms (b-d): first seed)", fontsize=9
+    )
     ax.legend(fontsize=8)
     code_axes = (axes[0][1], axes[1][0], axes[1][1])
     for ax, scheme, letter in zip(code_axes, SCHEMES, "bcd", strict=True):
         counts = [row["elements"] for row in codes if row["scheme"] == scheme]
         ax.stairs(counts, np.arange(levels + 1) - 0.5, fill=True, baseline=0.5, color=COLOURS[scheme])
         ax.set(yscale="log", xlim=(-0.5, levels - 0.5), xlabel=f"code (0..{levels - 1})", ylabel="elements")
-        ax.set_title(f"({letter}) {NAMES[scheme]}, {bits} bits", fontsize=10)
-        row = usage[scheme]
-        ax.text(
-            0.02,
-            0.97,
-            f"{value(row, 'distinct_bins'):.0f} bins used\nentropy {value(row, 'entropy_bits'):.2f} "
-            f"bits\n(mean of {row['seeds']} seeds; histogram: first seed)",
-            transform=ax.transAxes,
-            va="top",
-            fontsize=8,
+        row = usage[scheme]  # its numbers in the title: inside the axes they would cover a tall histogram
+        ax.set_title(
+            f"({letter}) {NAMES[scheme]}, {bits} bits: {value(row, 'distinct_bins'):.0f} bins used,\n"
+            f"entropy {value(row, 'entropy_bits'):.2f} bits (mean of {row['seeds']} seeds)",
+            fontsize=9,
         )
         ax.set_ylim(0.5, 2 * samples * width)  # one count scale, so that heights compare across schemes
     # (e) on the last row, across it: each scheme's code entropy on every layer, in network order
@@ -139,6 +136,7 @@ def variance_vs_bits(record: Record) -> Figure:
     ax.plot(
         bit_list, [anchor / 4 ** (b - bit_list[0]) for b in bit_list], ":", color="C7", label="1/4 per bit"
     )
+    ax.plot([], [], "o", color="C7", label="significantly below or above sampling")
     ax.plot([], [], "o", color="C7", markerfacecolor="w", label="inconclusive against sampling")
     ax.set(yscale="log", xlabel="gradient bits", ylabel="weight-gradient variance")
     ax.set_xticks(bit_list)
@@ -148,7 +146,7 @@ def variance_vs_bits(record: Record) -> Figure:
 
 def unbiasedness(record: Record) -> Figure:
     rows = record.rows()
-    figure, axes = subplots(width=5.6, height=4.2)
+    figure, axes = subplots(width=8.6, height=4.2)
     ax = axes[0][0]
     curves = defaultdict(list)
     for row in rows:
@@ -174,14 +172,22 @@ def unbiasedness(record: Record) -> Figure:
     start = float(
         np.exp(np.mean([np.log(value(curves[s][0], "relative_error")) for s in SCHEMES if s in curves]))
     )
-    ax.plot(ks, [start / np.sqrt(k) for k in ks], ":", color="k", label="1/sqrt(K)")
+    ax.plot(ks, [start / np.sqrt(k) for k in ks], ":", color="k", label="1/sqrt(K) reference")
     ax.set(xscale="log", yscale="log", xlabel="draws K averaged", ylabel="relative error to the QAT gradient")
     ax.set_xticks(ks, [str(k) for k in ks])
-    ax.legend(fontsize=8)
+    ax.legend(
+        fontsize=8,
+        title="mean of K FQT gradients",
+        title_fontsize=8,
+        loc="upper left",
+        bbox_to_anchor=(1.01, 1.0),
+    )
     return figure
 
 
 def accuracy_table(record: Record) -> Figure:
+    """Bit widths as categories ("5 bits"), the schemes present side by side within each: a record may hold
+    one bit width, which a numeric axis would show as a lone tick."""
     rows = record.rows()
     figure, axes = subplots(ncols=2, width=5.4, height=4.6)
     ax = axes[0][0]
@@ -194,12 +200,11 @@ def accuracy_table(record: Record) -> Figure:
     fqt = [row for row in rows if row["setting"] == "FQT"]
     qat = next(row for row in rows if row["setting"] == "QAT")
     bit_list = sorted({row["bits"] for row in fqt}, reverse=True)
-    offsets = dict(zip(SCHEMES, (-0.2, 0.0, 0.2), strict=True))
-    for scheme in SCHEMES:
+    schemes = [scheme for scheme in SCHEMES if any(row["scheme"] == scheme for row in fqt)]
+    offsets = {scheme: 0.25 * (index - (len(schemes) - 1) / 2) for index, scheme in enumerate(schemes)}
+    for scheme in schemes:
         mine = sorted((row for row in fqt if row["scheme"] == scheme), key=lambda row: -row["bits"])
-        if not mine:
-            continue
-        positions = [row["bits"] + offsets[scheme] for row in mine]
+        positions = [bit_list.index(row["bits"]) + offsets[scheme] for row in mine]
         errorbars(
             ax, mine, "accuracy", positions, scale=100, fmt="o-", color=COLOURS[scheme], label=NAMES[scheme]
         )
@@ -215,19 +220,22 @@ def accuracy_table(record: Record) -> Figure:
             color=COLOURS[scheme],
             alpha=0.5,
         )
-    ax.set(xlabel="gradient bits", ylabel="test accuracy (%)", title="(a) accuracy, every seed")
-    ax.set_xticks(bit_list)
-    ax.invert_xaxis()
+    ax.scatter([], [], s=10, color="0.4", label="each seed")
+    ax.set(ylabel="test accuracy (%)", title="(a) accuracy, every seed")
     ax.legend(fontsize=8)
     ax = axes[0][1]
     ax.axhline(0, color="k", lw=1)
     margin = record.facts.get("margin")
     if margin:
         ax.axhspan(-margin, margin, color="C2", alpha=0.12, linewidth=0, label=f"±{margin:g} pt (margin)")
-        ax.legend(fontsize=8)
-    ax.set(xlabel="gradient bits", ylabel="FQT - QAT (pt), paired by seed", title="(b) difference from QAT")
-    ax.set_xticks(bit_list)
-    ax.invert_xaxis()
+    ax.scatter([], [], s=10, color="0.4", label="each seed's difference")
+    for fill, label in (("0.4", "mean, 95 % CI: better or worse"), ("white", "mean, 95 % CI: neither")):
+        ax.plot([], [], "o", color="0.4", markerfacecolor=fill, label=label)
+    ax.legend(fontsize=8)
+    ax.set(ylabel="FQT - QAT (pt), paired by seed", title="(b) difference from QAT")
+    for ax in axes[0]:
+        ax.set_xticks(range(len(bit_list)), [f"{bits} bits" for bits in bit_list])
+        ax.set(xlim=(-0.6, len(bit_list) - 0.4), xlabel="FQT gradient bits (activation-gradient path)")
     return figure
 
 

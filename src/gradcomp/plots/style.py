@@ -20,16 +20,34 @@ from matplotlib.figure import Figure
 
 from gradcomp.analysis.seeds import Estimate
 from gradcomp.analysis.tables import Record
+from gradcomp.analysis.verdicts import EQUIVALENCE, INCONCLUSIVE, NON_INFERIORITY, Comparison
 
 sns.set_theme(context="paper", style="whitegrid", font_scale=1.25)
 
+# what training showed against fp32 (`gradcomp.analysis.accuracy.outcome`): one colour each, in every figure
+OUTCOMES = {"fails": "C3", "trains": "C2", "undecided": "0.55"}
+MARGINS = {
+    EQUIVALENCE: ("C2", "equivalent within ±{}"),
+    NON_INFERIORITY: ("C1", "non-inferior above -{}"),
+}
+
 
 def subplots(
-    ncols: int = 1, nrows: int = 1, width: float = 4.8, height: float = 3.6
+    ncols: int = 1,
+    nrows: int = 1,
+    width: float = 4.8,
+    height: float = 3.6,
+    width_ratios: Sequence[float] | None = None,
 ) -> tuple[Figure, np.ndarray]:
-    """A grid of axes in a constrained layout (which keeps room for the title, labels and outer legends)."""
+    """A grid of axes in a constrained layout (which keeps room for the title, labels and outer legends);
+    `width_ratios` shares the width (`width` per column) out unevenly."""
     figure, axes = plt.subplots(
-        nrows, ncols, figsize=(width * ncols, height * nrows), squeeze=False, layout="constrained"
+        nrows,
+        ncols,
+        figsize=(width * ncols, height * nrows),
+        squeeze=False,
+        layout="constrained",
+        width_ratios=width_ratios,
     )
     return figure, axes
 
@@ -91,11 +109,16 @@ def seed_points(
         ax.scatter(position + jitter, values, **style)
 
 
-def baseline_band(ax: Axes, row: dict, name: str, label: str, scale: float = 1.0) -> None:
-    """A dashed line at the baseline's mean and a band over its 95 % CI."""
+def baseline_band(ax: Axes, row: dict, name: str, label: str, scale: float = 1.0, colour: str = "k") -> None:
+    """A dashed line at the baseline's mean and a band over its 95 % CI (`colour`: its line's, where
+    several baselines share a panel)."""
     estimate = Estimate.read(row, name)
     ax.axhline(
-        scale * estimate.mean, color="k", linestyle="--", linewidth=1, label=f"{label} ({estimate.mean:.3f})"
+        scale * estimate.mean,
+        color=colour,
+        linestyle="--",
+        linewidth=1,
+        label=f"{label} ({estimate.mean:.3f})",
     )
     if estimate.interval is not None:
         low, high = estimate.interval
@@ -118,20 +141,6 @@ def accuracy_points(ax: Axes, record: Record, rows: Sequence[dict], colour: str)
     errorbars(ax, rows, "accuracy", positions, fmt="o", color=colour, markersize=7, zorder=4)
     seed_points(ax, positions + 0.15, per_seed(record, rows), s=8)
     return positions
-
-
-def accuracy_gaps(ax: Axes, arms: Sequence[dict], label: str, title: str) -> None:
-    """Each arm's accuracy gap to the uncompressed run of its model (C1, C4), named by its `label` column
-    (and its model where there are several)."""
-    several = len({row["model"] for row in arms}) > 1
-    labels = [f"{row[label]}\n({row['model']})" if several else row[label] for row in arms]
-    positions = np.arange(len(arms))
-    gap_points(ax, arms, positions, fmt="o", color="C0")
-    ax.axhline(0, color="k", linestyle="--", linewidth=1, label="uncompressed run of the model")
-    ax.set_xticks(positions, labels, fontsize=7 if len(arms) < 12 else 6, rotation=30, ha="right")
-    ax.set(ylabel="accuracy - uncompressed (pt)")
-    ax.set_title(title, fontsize=9)
-    ax.legend(fontsize=7, loc="lower left")
 
 
 def gap_points(ax: Axes, rows: Sequence[dict], positions: Sequence[float], **style) -> None:
@@ -160,3 +169,36 @@ def paired_differences(record: Record, pairs: Sequence[tuple[str, str]], key: st
         [100 * (seeds[a][s] - seeds[b][s]) for s in sorted(seeds.get(a, {})) if s in seeds.get(b, {})]
         for a, b in pairs
     ]
+
+
+def comparison_points(ax: Axes, comparisons: Sequence[Comparison], positions: Sequence[float]) -> None:
+    """Each comparison's paired difference a - b as its verdict was decided, at `positions` along x: every
+    seed's difference (where the record keeps them; accuracies in points), the mean with its 95 % interval
+    (hollow: inconclusive), the margin of its test around 0 (shaded; a non-inferiority margin bounds the
+    difference from below only) and a dashed line at 0. Two marginal intervals would hide that the seeds
+    move together."""
+    bands, seeds_labelled = [], False
+    for index, (comparison, position) in enumerate(zip(comparisons, positions, strict=True)):
+        scale = 100.0 if comparison.unit == "pt" else 1.0  # accuracies are fractions, their gaps points
+        if comparison.values:
+            differences = [scale * (a - b) for _, a, b in comparison.values]
+            seed_points(
+                ax, [position + 0.15], [differences], s=12, label=None if seeds_labelled else "each seed"
+            )
+            seeds_labelled = True
+        mean, low, high = comparison.difference, comparison.ci_low, comparison.ci_high
+        error = None if np.isnan(low) else [[mean - low], [high - mean]]
+        ax.errorbar([position], [mean], yerr=error, fmt="o", capsize=3, color="C0", markersize=7,
+                    markerfacecolor="white" if comparison.verdict == INCONCLUSIVE else "C0", zorder=4,
+                    label="mean, 95 % CI (hollow: inconclusive)" if index == 0 else None)  # fmt: skip
+        if comparison.margin is not None and comparison.test in MARGINS:
+            bands.append((position, comparison.test, comparison.margin, comparison.unit))
+    ax.axhline(0, color="k", linestyle="--", linewidth=1, label="no difference")
+    top, labelled = ax.get_ylim()[1], set()
+    for position, test, margin, unit in bands:
+        colour, text = MARGINS[test]
+        label = None if (test, margin) in labelled else text.format(f"{margin:g} {unit}".strip())
+        ax.fill_between([position - 0.4, position + 0.4], -margin, top if test == NON_INFERIORITY else margin,
+                        color=colour, alpha=0.15, linewidth=0, label=label)  # fmt: skip
+        labelled.add((test, margin))
+    ax.set_ylim(top=top)
