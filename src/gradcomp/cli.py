@@ -271,13 +271,12 @@ def _draw(args: argparse.Namespace) -> None:
         print(written)
 
 
-def _summary(args: argparse.Namespace) -> None:
-    """SUMMARY.md of the experiments' JSONs in --figures; a folder that holds none is refused (a summary of
-    nothing would look like one whose experiments all came out empty)."""
-    from gradcomp.analysis.summary import write_summary
+def _figures(folder: str) -> Path:
+    """--figures, a folder holding experiments' JSONs, each readable; a folder that holds none is refused (a
+    summary of nothing would look like one whose experiments all came out empty)."""
     from gradcomp.experiments import experiments
 
-    figures = Path(args.figures)
+    figures = Path(folder)
     if not figures.is_dir():
         raise ConfigError(f"--figures {figures} is not a folder")
     found = [path for e in experiments().values() if (path := figures / f"{e.prefix}.json").is_file()]
@@ -288,9 +287,50 @@ def _summary(args: argparse.Namespace) -> None:
         )
     for path in found:
         _record(path)
+    return figures
+
+
+def _summary(args: argparse.Namespace) -> None:
+    """SUMMARY.md of the experiments' JSONs in --figures."""
+    from gradcomp.analysis.summary import write_summary
+
+    figures = _figures(args.figures)
     _writable(args.out, "--out")
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     print(write_summary(figures, args.out))
+
+
+CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"
+
+
+def _readme(args: argparse.Namespace) -> None:
+    """The claims at a glance of --figures written between the README's claims markers (whatever stood there
+    is replaced; the rest of the file is kept), each claim linked to its block in --figures' SUMMARY.md."""
+    import re
+
+    from gradcomp.analysis.summary import claims_at_a_glance
+
+    readme = Path(args.readme)
+    try:
+        text = readme.read_text()
+    except (OSError, UnicodeDecodeError) as error:
+        raise ConfigError(f"{readme}: cannot be read as text ({type(error).__name__}: {error})") from None
+    if (
+        text.count(CLAIMS_BEGIN) != 1
+        or text.count(CLAIMS_END) != 1
+        or text.find(CLAIMS_BEGIN) > text.find(CLAIMS_END)
+    ):
+        raise ConfigError(
+            f"{readme} needs one {CLAIMS_BEGIN} line and, after it, one {CLAIMS_END} line: the claims table "
+            "goes between them"
+        )
+    figures = _figures(args.figures)
+    _writable(readme, "the README")
+    link = Path(os.path.relpath(figures / "SUMMARY.md", readme.resolve().parent)).as_posix()
+    block = claims_at_a_glance(figures, summary_link=link)
+    pattern = re.compile(re.escape(CLAIMS_BEGIN) + ".*?" + re.escape(CLAIMS_END), re.S)
+    readme.write_text(pattern.sub(lambda _: f"{CLAIMS_BEGIN}\n{block}\n{CLAIMS_END}", text))
+    print(readme)
 
 
 PNG_SIGNATURE = b"\x89PNG\r\n\x1a\n"
@@ -468,6 +508,19 @@ def build_parser() -> argparse.ArgumentParser:
     summary.add_argument("--figures", required=True, help="folder of the experiments' outputs")
     summary.add_argument("--out", required=True, help="Markdown file to write")
     summary.set_defaults(run=_summary)
+
+    readme = verbs.add_parser(
+        "readme",
+        parents=[debug],
+        help="the claims at a glance of --figures, written between a README's claims markers",
+    )
+    readme.add_argument("readme", help=f"Markdown file holding the lines {CLAIMS_BEGIN} and {CLAIMS_END}")
+    readme.add_argument(
+        "--figures",
+        default="figures/default",
+        help="folder of the experiments' outputs (default: %(default)s)",
+    )
+    readme.set_defaults(run=_readme)
 
     page = verbs.add_parser(
         "page", parents=[debug], help="a report page (HTML) of a Markdown file, with a figure embedded"

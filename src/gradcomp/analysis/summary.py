@@ -73,11 +73,20 @@ def _first(rows: list[dict], kinds: tuple[str, ...]) -> dict | None:
 
 
 def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[dict]]) -> str:
-    """The claims at a glance (one short line each, with a legend), then a short block per verified claim:
-    the paper's sentence, its test and why this margin, what this configuration shows (its deciding
-    comparisons with their 90 % intervals and adjusted p), its plan against the seeds used, its status at the
-    second margin, the decision that counts (this configuration's or the one its plan names), its
-    replications on other seeds and a link to its experiment's section."""
+    """The claims at a glance, then a block per claim (`_claims_parts`), as SUMMARY.md holds them."""
+    glance, blocks = _claims_parts(name, here, other)
+    return "\n".join(["### At a glance", "", glance, "", "### Each claim", "", *blocks])
+
+
+def _claims_parts(
+    name: str, here: dict[str, list[dict]], other: dict[str, list[dict]], summary_link: str = ""
+) -> tuple[str, list[str]]:
+    """The claims at a glance (one short line each, with a legend; each claim linked to its block, in the
+    summary at `summary_link`, or on this page where it is ""), and a short block per verified claim: the
+    paper's sentence, its test and why this margin, what this configuration shows (its deciding comparisons
+    with their 90 % intervals and adjusted p), its plan against the seeds used, its status at the second
+    margin, the decision that counts (this configuration's or the one its plan names), its replications on
+    other seeds and a link to its experiment's section."""
     glance, blocks = [], []
     titles = {experiment.id: experiment.title for experiment in experiments().values()}
     for claim in CLAIMS.values():
@@ -91,7 +100,7 @@ def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[
         here_deciding = deciding is row and row is not None
         glance.append(
             {
-                "claim": f"[{claim.id}](#{claim.id.lower()})",
+                "claim": f"[{claim.id}]({summary_link}#{claim.id.lower()})",
                 "in short": claim.short,
                 "test (margin)": f"{claim.test}"
                 + (f" ({row['margin']})" if row and row.get("margin") else ""),
@@ -128,9 +137,7 @@ def _claims_table(name: str, here: dict[str, list[dict]], other: dict[str, list[
             "",
         ]
         blocks += lines
-    return "\n".join(
-        ["### At a glance", "", to_markdown(glance), "", LEGEND, "", "### Each claim", "", *blocks]
-    )
+    return "\n".join([to_markdown(glance), "", LEGEND]), blocks
 
 
 def _anchor(heading: str) -> str:
@@ -192,15 +199,33 @@ def _independent(shown: list[dict], rows: list[dict]) -> list[dict]:
     return [row for row in rows if independent(row)]
 
 
-def write_summary(figures: Path, out: str | Path, cited: Sequence[Path] | None = None) -> Path:
-    """Gather the `<ID>_<slug>.json` records under `figures` into a Markdown summary at `out`, citing the
-    decisions the records under the folders `cited` make for its claims (default: every other
-    configuration's folder beside it, e.g. figures/converged for figures/default)."""
+def _loaded(
+    figures: Path, cited: Sequence[Path] | None
+) -> tuple[dict[str, Record], dict[str, list[dict]], dict[str, list[dict]]]:
+    """The `<ID>_<slug>.json` records under `figures` by experiment ID, the decisions they make and those
+    the records under the folders `cited` make, by claim."""
     records = {
         experiment.id: Record.load(path)
         for experiment in experiments().values()
         if (path := figures / f"{experiment.prefix}.json").exists()
     }
+    return records, _decisions(figures.name, list(records.values())), _cited(figures, cited)
+
+
+def claims_at_a_glance(figures: Path, summary_link: str = "", cited: Sequence[Path] | None = None) -> str:
+    """The claims at a glance of `figures` and its legend, as SUMMARY.md opens (e.g. for the README), each
+    claim linked to its block in the summary at `summary_link` (e.g. "figures/default/SUMMARY.md"; "": on
+    the same page). `cited` as for `write_summary`."""
+    figures = Path(figures)
+    _, here, other = _loaded(figures, cited)
+    return _claims_parts(figures.name, here, other, summary_link)[0]
+
+
+def write_summary(figures: Path, out: str | Path, cited: Sequence[Path] | None = None) -> Path:
+    """Gather the `<ID>_<slug>.json` records under `figures` into a Markdown summary at `out`, citing the
+    decisions the records under the folders `cited` make for its claims (default: every other
+    configuration's folder beside it, e.g. figures/converged for figures/default)."""
+    records, here, other = _loaded(figures, cited)
     lines = [
         f"# Summary of {figures.name}",
         "",
@@ -208,11 +233,7 @@ def write_summary(figures: Path, out: str | Path, cited: Sequence[Path] | None =
         "",
         "## The papers' claims",
         "",
-        _claims_table(
-            figures.name,
-            _decisions(figures.name, list(records.values())),
-            _cited(figures, cited),
-        ),
+        _claims_table(figures.name, here, other),
     ]
     for experiment in experiments().values():
         record = records.get(experiment.id)
