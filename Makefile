@@ -18,7 +18,7 @@ $(STAMP): requirements.txt pyproject.toml
 
 run: $(STAMP) data
 	snakemake --cores $(CORES) --configfile config/default.yaml
-	snakemake --configfile config/default.yaml --report results/default/report.html
+	snakemake --configfile config/default.yaml --report results/default/snakemake-report.html
 
 # Fashion-MNIST from the Debian package when it is missing and apt can install it; otherwise gradcomp falls
 # back to torchvision's download (or to --data-dir) and says so when neither works.

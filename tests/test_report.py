@@ -35,13 +35,15 @@ def report(tmp_path_factory):
     """The report of the committed default figures, with the pages the `page` rules would write."""
     work = _fresh_clone(tmp_path_factory.mktemp("report"))
     figures = work / "figures" / "default"
-    for markdown in figures.glob("*.md"):
-        png = markdown.with_suffix(".png")
+    for markdown in figures.glob("*_*.md"):
         page = work / "results" / "default" / "report" / f"{markdown.stem}.html"
-        write_page(page, markdown, png if png.exists() else None)
-    built = run_snakemake("--configfile", "config/default.yaml", "--report", "report.html", cwd=work)
+        write_page(page, markdown, markdown.with_suffix(".png"))
+    write_page(work / "results" / "default" / "report.html", figures / "SUMMARY.md")
+    built = run_snakemake(
+        "--configfile", "config/default.yaml", "--report", "snakemake-report.html", cwd=work
+    )
     assert built.returncode == 0, built.stdout[-3000:] + built.stderr[-3000:]
-    html = (work / "report.html").read_text()
+    html = (work / "snakemake-report.html").read_text()
     categories = json.loads(re.search(r"var categories = (\{.*?\});", html)[1])
     results = json.loads(re.search(r"var results = (\{.*?\});\n", html)[1])
     return html, categories, results
@@ -66,7 +68,7 @@ def test_each_experiment_has_its_page_figures_and_tables_and_the_summary_its_own
             + [f"figures/default/{prefix}.{extension}" for extension in ("csv", "md", "pdf", "png")]
         )
     (summary,) = categories["00 Summary"].values()
-    assert sorted(summary) == ["figures/default/SUMMARY.md", "results/default/report/SUMMARY.html"]
+    assert sorted(summary) == ["figures/default/SUMMARY.md", "results/default/report.html"]
 
 
 def test_pages_show_the_caption_figure_and_tables_and_the_summary_the_papers_claims(report):
@@ -75,20 +77,25 @@ def test_pages_show_the_caption_figure_and_tables_and_the_summary_the_papers_cla
     caption = json.loads((ROOT / "figures/default/A5_fp_formats.json").read_text())["caption"]
     assert "data:image/png;base64," in page and "<th>difference [95 % CI]</th>" in page
     assert markdown_html(caption) in page
-    summary = _content(results, "results/default/report/SUMMARY.html")
-    assert "<h2>The papers' claims</h2>" in summary
-    assert all(f"<td>{claim} (" in summary for claim in CLAIMS)
+    summary = _content(results, "results/default/report.html")
+    assert '<h2 id="the-papers-claims">The papers\' claims</h2>' in summary
+    assert all(f'<td><a href="#{claim.lower()}">{claim}</a></td>' in summary for claim in CLAIMS)
     assert "gradcomp draw" in html and "gradcomp figure" not in html  # the workflow description
 
 
 def test_markdown_html_renders_what_gradcomp_writes():
-    text = "# A: t\n\nsee `x*y` and **b** *i* a<b\n\n| a | b |\n|---|---|\n| 1 \\| 2 |  |\n\n- one\n- two\n"
+    text = (
+        "# A: t\n\nsee `x*y` and **b** *i* a<b [`A.md`](A.md) ![A](A.png)\n\n| a | b |\n|---|---|\n"
+        '| 1 \\| 2 |  |\n\n- one\n- two\n\n#### L1: a claim <a id="l1"></a>\n'
+    )
     assert markdown_html(text).splitlines() == [
-        "<h1>A: t</h1>",
-        "<p>see <code>x*y</code> and <strong>b</strong> <em>i</em> a&lt;b</p>",
+        '<h1 id="a-t">A: t</h1>',
+        "<p>see <code>x*y</code> and <strong>b</strong> <em>i</em> a&lt;b "
+        '<a href="A.md"><code>A.md</code></a> <a href="A.png">A</a></p>',
         "<table><thead><tr><th>a</th><th>b</th></tr></thead><tbody><tr><td>1 | 2</td><td></td></tr>"
         "</tbody></table>",
         "<ul><li>one</li><li>two</li></ul>",
+        '<h4 id="l1">L1: a claim</h4>',
     ]
 
 

@@ -8,9 +8,9 @@ REPORT_CATEGORIES = {
     exp: f"{n:02d} {exp}" for n, exp in enumerate(REPORT_ORDER, start=1)
 }
 SUMMARY_CATEGORY = "00 Summary"
-REPORT_PAGES = [f"{REPORT}/{EXPERIMENTS[exp].prefix}.html" for exp in REPORT_ORDER] + [
-    f"{REPORT}/SUMMARY.html"
-]
+# The configuration's report page: SUMMARY.md (the claims at a glance first) with every figure embedded
+REPORT_PAGE = f"{RESULTS}/report.html"
+REPORT_PAGES = [f"{REPORT}/{EXPERIMENTS[exp].prefix}.html" for exp in REPORT_ORDER] + [REPORT_PAGE]
 
 
 # Each experiment's settings as a file of this run's results, which the compute step reads: a fresh clone
@@ -131,10 +131,11 @@ rule page:
 
 rule summary_page:
     input:
-        f"{FIGURES}/SUMMARY.md",
+        md=f"{FIGURES}/SUMMARY.md",
+        figures=[experiment_path(exp, "png") for exp in config["experiments"]],
     output:
         report(
-            f"{REPORT}/SUMMARY.html",
+            REPORT_PAGE,
             category=SUMMARY_CATEGORY,
             labels={"item": "papers and ours (page)"},
         ),
@@ -144,4 +145,4 @@ rule summary_page:
         "../envs/gradcomp.yaml"
     threads: 1
     shell:
-        "python -m gradcomp page {input} --out {output} > {log} 2>&1"
+        "python -m gradcomp page {input.md} --out {output} > {log} 2>&1"
