@@ -1,5 +1,5 @@
 """What every public op does with awkward and bad inputs: one matrix (op x input case x dtype), each cell a
-documented result or a clear error (the README's table says the same). Elementwise ops run on both
+documented result or a clear error (docs/ops.md's table says the same). Elementwise ops run on both
 backends (the Triton kernel under the interpreter, float32 only, to stay fast)."""
 
 from __future__ import annotations
