@@ -17,6 +17,7 @@ from gradcomp.attachment import attach
 from gradcomp.block_format import PRESETS, BlockFormat
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.formats import parse_format
+from gradcomp.noise_monitor import neural_error
 from gradcomp.ops.block import block_errors
 from gradcomp.profiling import count_work
 from gradcomp.theory.block import (
@@ -25,7 +26,6 @@ from gradcomp.theory.block import (
     correlated_block_statistics,
     per_tensor_statistics,
 )
-from gradcomp.theory.noise import neural_error
 
 ELEMENTS = ["e4m3fn", "float8_e5m2", "e3m2fn", "e2m3fn", "e2m1fn"]
 NVFP4 = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}

@@ -10,15 +10,9 @@ from torch import nn
 
 from gradcomp import CompressionConfig, attach
 from gradcomp.compress import GradientCopy, LayerStats, compress
+from gradcomp.noise_monitor import error_by_group, neural_error
 from gradcomp.policies import parse_policy
-from gradcomp.theory.noise import (
-    error_by_group,
-    group_energy,
-    neural_error,
-    patch_energy,
-    rows_and_groups,
-    weight_noise,
-)
+from gradcomp.theory.noise import group_energy, patch_energy, rows_and_groups, weight_noise
 
 CONVS = [
     nn.Conv2d(6, 8, 3, stride=1, padding=1),

@@ -98,7 +98,7 @@ class LayerStats:
     truncation: Tensor | None = None  # k of the truncated cosine, at the last fit
     target: float | None = None  # the common sparsity allocated by `plan`, before the layer's cosine limit
     cosine: Tensor | None = None  # measured cosine between pruned and original gradient, last step
-    # calibrated pruning (Prune.calibrate; gradcomp.ops.stats.Calibration)
+    # calibrated pruning (Prune.calibrate; gradcomp.lognormal.Calibration)
     correction: Tensor | None = None  # added to the target the threshold is solved for
     mark: Tensor | None = None  # the zero counter's value at the last refresh
     counter: Tensor | None = None  # the zero counter the mark belongs to

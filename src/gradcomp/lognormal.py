@@ -13,6 +13,7 @@ from __future__ import annotations
 import functools
 import math
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
@@ -25,7 +26,24 @@ _SQRT_2_OVER_PI = math.sqrt(2.0 / math.pi)
 MIN_SIGMA = 1e-6  # a degenerate (single-valued) layer is treated as a lognormal this narrow
 THRESHOLD_ITERATIONS = 4  # Newton steps from the tabulated start: float64 precision for one lognormal
 MIXTURE_ITERATIONS = 8  # Newton steps (bisection where a step leaves the bracket) for a two-part mixture
-MAX_CALIBRATED_TARGET = 0.9999  # a calibrated pruning target (ops.stats.Calibration) stays in [0, this]
+MAX_CALIBRATED_TARGET = 0.9999  # a calibrated pruning target (`Calibration`) stays in [0, this]
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """Feedback that makes pruning hit its target where the lognormal model misses it (heavier or lighter
+    tails than a lognormal's): the threshold is solved for target + correction, and each refresh adds the
+    last refreshes' miss (target - achieved, the zeros the prune op counted since the mark over `elements`)
+    to the correction, unless nothing was pruned (a gradient with the target's zeros already), keeping the
+    corrected target in [0, MAX_CALIBRATED_TARGET]. The tensors live on the gradient's device and are read
+    and written by the fit itself (`gradcomp.ops.stats.fit_statistics`; on CUDA inside its finishing kernel:
+    no host sync)."""
+
+    correction: Tensor  # float64 0-d, read and updated
+    counter: Tensor  # int64 counter the prune op adds its zeros to
+    mark: Tensor  # int64 0-d: the counter's value at the last refresh; set to its value now
+    elements: int  # elements pruned since the mark (0: no miss to learn from, e.g. a fresh counter)
+    threshold: Tensor  # 0-d, the threshold used since the mark: 0 (nothing pruned) teaches nothing
 
 
 def expected_sparsity(log_alpha_n: Tensor, sigma: Tensor) -> Tensor:

@@ -34,13 +34,15 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from gradcomp.compress import GradientCopy, LayerStats
+from gradcomp.compress import GradientCopy, LayerStats, block_layout
 from gradcomp.config import CompressionConfig
-from gradcomp.policies import Policy
+from gradcomp.ops._blocks import as_blocks
+from gradcomp.ops.stats import log_moments
+from gradcomp.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
+from gradcomp.theory import noise as noise_theory
 from gradcomp.theory.noise import (
-    error_by_group,
+    GradientFit,
     group_energy,
-    neural_error,
     noise_ratio,
     patch_energy,
     predicted_signal,
@@ -53,6 +55,74 @@ MEASURABLE = (nn.Linear, nn.modules.conv._ConvNd)  # layers whose weight gradien
 # from the lognormal theory of the policy's error, and from the error the compression made (measured on
 # the neural gradient: one reduction, no GEMM)
 PREDICTIONS = ("theory", "carried")
+
+
+def gradient_fit(g: Tensor) -> GradientFit | None:
+    """The lognormal fit the theory reads from `g` (its log moments on the torch path; one host sync);
+    None without two finite non-zeros."""
+    return GradientFit.of(g, log_moments(g.detach(), backend="torch").tolist())
+
+
+def neural_error(
+    policy: Policy,
+    g: Tensor,
+    scale: Tensor | float | None = None,
+    weight_path: bool = True,
+    feature_axis: int = -1,
+) -> float | None:
+    """Predicted E||Q(g) - g||^2 of `policy` on the layer gradient `g` (the copy of the weight-gradient GEMM
+    where the policy has two, its output features along `feature_axis`); `scale`: the FP policy's scale
+    (the layer's statistics). None where the policy has no prediction (heterogeneous or non-lognormal
+    pruning, BHQ, chains, TE's block scale rule). Block formats take the correlated block model
+    (`gradcomp.theory.block`), whose levels are fitted on the copy's own blocks. The theory
+    (`gradcomp.theory.noise`) takes the policy's formats and numbers; this chooses among them."""
+    if isinstance(policy, NoCompression):
+        return 0.0
+    if isinstance(policy, Integer):
+        scheme, bits = (policy.weight_path, policy.weight_bits) if weight_path else ("same", policy.bits)
+        if scheme == "same":
+            scheme, bits = policy.scheme, policy.bits
+        return noise_theory.integer_error(g, scheme, bits)
+    fit = gradient_fit(g)
+    if fit is None:
+        return 0.0
+    if isinstance(policy, Block):
+        settings = policy.copy(weight_path)
+        if settings.format.from_tensor_max:
+            return None
+        laid_out, axis = block_layout(g.detach(), weight_path, feature_axis)
+        blocks = as_blocks(laid_out, settings.format.block_size, axis)[0]
+        return noise_theory.block_error(
+            settings.format, settings.rounding, bool(settings.hadamard), blocks, fit
+        )
+    relative = _relative_error(policy, fit, scale)
+    return None if relative is None else relative * fit.fitted_energy
+
+
+def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | None) -> float | None:
+    """The theory's error over the fitted lognormal's second moment."""
+    if isinstance(policy, Prune):
+        if policy.estimator != "lognormal" or policy.heterogeneous:
+            return None
+        return noise_theory.prune_relative_error(fit, policy.sparsity)
+    if isinstance(policy, Luq):
+        return noise_theory.luq_relative_error(fit, policy.bits, policy.samples)
+    if isinstance(policy, NM):
+        return noise_theory.nm_relative_error(fit, policy.n, policy.m)
+    if isinstance(policy, FloatingPoint):
+        if scale is None:
+            return None
+        return noise_theory.fp_relative_error(fit, policy.fmt, policy.rounding, scale)
+    return None
+
+
+def error_by_group(policy: Policy, error: float, g: Tensor, groups: int, feature_axis: int) -> Tensor:
+    """The theory's neural error `error` of layer gradient `g` under `policy` spread over its convolution
+    groups (`gradcomp.theory.noise.error_by_group`): by element count for integer grids, by energy for the
+    other policies."""
+    return noise_theory.error_by_group(
+        error, g, groups, feature_axis, by_elements=isinstance(policy, Integer)
+    )
 
 
 @dataclass

@@ -43,22 +43,22 @@ from gradcomp.analysis.verdicts import (
 from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
+from gradcomp.noise_monitor import gradient_fit, neural_error
 from gradcomp.policies import NM, Luq, Policy, Prune
-from gradcomp.theory.noise import GradientFit, neural_error
 
 THEORY, NAIVE = "theory", "naive"  # an arm's variance against its prediction; N:M's against the naive one
 
 
 def predicted_variance(policy: Policy, g: Tensor) -> float | None:
-    """The theory's relative added variance for one layer's gradient g (`gradcomp.theory.noise`: from the
-    lognormal fit of its non-zeros, its zero share and its largest value), over g's energy; None for
-    policies other than the unbiased ones C3 compares, or a gradient without two non-zeros.
+    """The theory's relative added variance for one layer's gradient g (`gradcomp.noise_monitor.neural_error`:
+    from the lognormal fit of its non-zeros, its zero share and its largest value), over g's energy; None
+    for policies other than the unbiased ones C3 compares, or a gradient without two non-zeros.
 
     The theory's variance is relative to the fitted lognormal's second moment exp(2 mu + 2 sigma^2), here
     times the non-zeros and over their measured energy, the denominator of the measurement. Real layers are
     not one lognormal (A1: two populations), and that moment, set by the upper tail, can differ from the
     measured one by orders of magnitude; the added variance comes mostly from the bulk the fit describes."""
-    if not isinstance(policy, (Luq, NM, Prune)) or GradientFit.of(g) is None:
+    if not isinstance(policy, (Luq, NM, Prune)) or gradient_fit(g) is None:
         return None
     error = neural_error(policy, g)
     return None if error is None else error / float(g.detach().double().square().sum())

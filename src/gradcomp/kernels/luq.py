@@ -14,7 +14,7 @@ from gradcomp._backend import compute_layout
 from gradcomp.kernels import elementwise_grid
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import block_random_uint32, uniform24
-from gradcomp.ops.luq import lowest_level_exponent, smp_spread
+from gradcomp.luq_format import lowest_level_exponent, smp_spread
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
 
@@ -138,8 +138,8 @@ def quantize_luq_triton(x: Tensor, bits: int, seeds: list[int], zeros: Tensor | 
     partial = torch.empty(programs, dtype=torch.float32, device=x.device)
     launch(_largest_kernel, (programs,), x_flat, partial, n, BLOCK=MAX_BLOCK, TILES=MAX_TILES)
     params = torch.empty(4, dtype=torch.float32, device=x.device)
-    lowest = lowest_level_exponent(x.dtype)
-    sum_from, sum_scale = smp_spread(samples, torch.float32)
+    lowest = lowest_level_exponent(torch.finfo(x.dtype).tiny)
+    sum_from, sum_scale = smp_spread(samples, compute_layout(torch.float32).exp_bias)
     launch(
         _alpha_kernel,
         (1,),

@@ -11,7 +11,7 @@ from torch import Tensor
 
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import random_uint32, uniform24
-from gradcomp.ops.nm import SHRINK, shrink_from
+from gradcomp.nm_format import SHRINK, shrink_from
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
 

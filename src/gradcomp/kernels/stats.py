@@ -12,7 +12,6 @@ asked), in registers: the statistics of `gradcomp.ops.stats.fit_statistics`.
 from __future__ import annotations
 
 import struct
-from typing import TYPE_CHECKING
 
 import torch
 import triton
@@ -21,10 +20,8 @@ from torch import Tensor
 
 from gradcomp import lognormal
 from gradcomp.kernels.special import ndtr_and_log, ndtri_approximate
+from gradcomp.lognormal import Calibration
 from gradcomp.profiling import launch
-
-if TYPE_CHECKING:
-    from gradcomp.ops.stats import Calibration
 
 BLOCK = 1024
 TILES_PER_PROGRAM = 16
@@ -253,7 +250,7 @@ def _finish_kernel(
     the format's largest value (frexp's exponent MAX_EXPONENT and the float64 mantissa field MAX_MANTISSA).
     Partials: rows of the 4 (8) moments and the largest magnitude. CALIBRATE: the threshold aims at
     SPARSITY plus the correction, updated first from the zeros counted since the mark over `elements`,
-    where the last threshold pruned (`gradcomp.ops.stats.Calibration`)."""
+    where the last threshold pruned (`gradcomp.lognormal.Calibration`)."""
     columns = tl.arange(0, 8)
     fields = 8 if MASKED else 4
     totals = tl.zeros((8,), tl.float64)
@@ -394,7 +391,7 @@ def statistics_triton(
     """(moments, fit, alpha): two launches. moments float64 (4,) or (2, 4) with a mask; fit float64 over
     FIT_FIELDS (NaN where not asked); alpha the threshold in float32 capped at x's largest value (empty when
     no sparsity is given). scale_points: float64 (2, P) of (sigma2, log2 scale offset) for the FP scale.
-    calibration: see `gradcomp.ops.stats.Calibration`; zeros: an int64 counter to which x's zeros or
+    calibration: see `gradcomp.lognormal.Calibration`; zeros: an int64 counter to which x's zeros or
     min_zeros, the more, are added; max_value: the FP format's largest value that bounds the scale below
     (`gradcomp.ops.stats.fit_statistics`)."""
     x_flat = x.contiguous().view(-1)

@@ -19,6 +19,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, constant_over, use_triton
+from gradcomp.luq_format import lowest_level_exponent, smp_spread
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.prune import alpha_in_compute_dtype
 from gradcomp.ops.stats import add_zero_count, check_counter
@@ -82,7 +83,7 @@ def quantize_luq(
     alpha = _alpha(largest, bits, x.dtype)
     prune_alpha = alpha_in_compute_dtype(alpha, x)  # stochastic_prune's rule: 0 where 2^24 / alpha overflows
     keep_scale = torch.nextafter(constant_over(2.0**24, prune_alpha), prune_alpha.new_tensor(math.inf))
-    spread_from, spread_scale = smp_spread(samples, dtype)
+    spread_from, spread_scale = smp_spread(samples, compute_layout(dtype).exp_bias)
     sum_scale = torch.where(largest >= spread_from, largest.new_tensor(spread_scale), 1.0)
     total = torch.zeros(x.shape, dtype=dtype, device=x.device)
     for sample in range(samples):
@@ -96,20 +97,6 @@ def quantize_luq(
     out = (total if samples == 1 else total / samples / sum_scale).to(x.dtype)
     out = torch.where(torch.isnan(x), x, out)  # NaN with the input's bits
     return add_zero_count(out, count_zeros_into)
-
-
-def lowest_level_exponent(dtype: torch.dtype) -> int:
-    """log2 of the smallest level LUQ uses on x of `dtype`: its smallest normal number (levels below lose
-    bits in it)."""
-    return round(math.log2(torch.finfo(dtype).tiny))
-
-
-def smp_spread(samples: int, dtype: torch.dtype) -> tuple[float, float]:
-    """(from, scale) of the SMP sum of `samples` draws in the compute dtype `dtype`: where the largest
-    magnitude is at least from = 2^(emax - s), s = ceil(log2 samples), the sum could overflow, so it is
-    taken times scale = 2^-s (exact: every level is at least 2^(emax - s - 127) there)."""
-    spread = (samples - 1).bit_length()
-    return 2.0 ** (compute_layout(dtype).exp_bias - spread), 2.0**-spread
 
 
 def luq_alpha(x: Tensor, bits: int) -> Tensor:
@@ -128,7 +115,7 @@ def _largest(x: Tensor) -> Tensor:
 def _alpha(largest: Tensor, bits: int, dtype: torch.dtype) -> Tensor:
     """largest / 2^j, j the most binades (at most 2^(bits-1) - 1) that keep it a normal number of `dtype`
     (exact, as is the quotient in `dtype`)."""
-    lowest = lowest_level_exponent(dtype)
+    lowest = lowest_level_exponent(torch.finfo(dtype).tiny)
     binades = _power_of_two_below(largest, lowest) / 2.0**lowest
     return largest / binades.clamp(max=2.0 ** (2 ** (bits - 1) - 1))
 

@@ -8,7 +8,6 @@ host; on CPU tensors the reduction runs as compiled chunk functions and the smal
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -16,26 +15,11 @@ from torch import Tensor
 
 from gradcomp import lognormal
 from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, use_triton
+from gradcomp.lognormal import Calibration
 from gradcomp.ops._chunked import sum_chunks
 
 FIT_FIELDS = ("mu", "sigma", "bn_zero_share", "threshold", "scale")
 Rule = Literal["mixture", "reference", "all"]
-
-
-@dataclass(frozen=True)
-class Calibration:
-    """Feedback that makes pruning hit its target where the lognormal model misses it (heavier or lighter
-    tails than a lognormal's): the threshold is solved for target + correction, and each refresh adds the
-    last refreshes' miss (target - achieved, the zeros the prune op counted since the mark over `elements`)
-    to the correction, unless nothing was pruned (a gradient with the target's zeros already), keeping the
-    corrected target in [0, lognormal.MAX_CALIBRATED_TARGET]. The tensors live on the gradient's device and
-    are read and written by the fit itself (on CUDA inside its finishing kernel: no host sync)."""
-
-    correction: Tensor  # float64 0-d, read and updated
-    counter: Tensor  # int64 counter the prune op adds its zeros to
-    mark: Tensor  # int64 0-d: the counter's value at the last refresh; set to its value now
-    elements: int  # elements pruned since the mark (0: no miss to learn from, e.g. a fresh counter)
-    threshold: Tensor  # 0-d, the threshold used since the mark: 0 (nothing pruned) teaches nothing
 
 
 def calibrated_target(sparsity: float, calibration: Calibration) -> float:

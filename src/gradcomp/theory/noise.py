@@ -29,23 +29,25 @@ The prediction needs no GEMM:
   error, one number per layer, is spread over the groups by `error_by_group`;
 * ||g_W||^2 is the compressed gradient's ||g_hat_W||^2 less the predicted noise (an unbiased compressor's
   noise adds to the energy), at least a tenth of ||g_hat_W||^2.
+
+This module sees formats, numbers and the fit, never a policy: which prediction a policy takes, with which
+of its settings, and the fit's log moments are `gradcomp.noise_monitor.neural_error`'s.
 """
 
 from __future__ import annotations
 
 import functools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
 from scipy import special
 from torch import Tensor, nn
 
-from gradcomp.compress import block_layout
+from gradcomp.block_format import BlockFormat
+from gradcomp.formats import FPFormat
 from gradcomp.lognormal import fit_lognormal_float
-from gradcomp.ops._blocks import as_blocks
-from gradcomp.ops.stats import log_moments
-from gradcomp.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 from gradcomp.theory.block import BlockLevels, correlated_block_statistics, per_tensor_statistics
 from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance
 
@@ -68,9 +70,9 @@ class GradientFit:
     energy: float
 
     @classmethod
-    def of(cls, g: Tensor) -> GradientFit | None:
-        """The fit of `g` (one host sync); None without two finite non-zeros."""
-        moments = log_moments(g.detach(), backend="torch").tolist()
+    def of(cls, g: Tensor, moments: Sequence[float]) -> GradientFit | None:
+        """The fit of `g` given its log moments `moments` (`gradcomp.ops.log_moments` of it, as host floats:
+        the caller's; one host sync here); None without two finite non-zeros."""
         if moments[0] < 2:
             return None
         mu, sigma = fit_lognormal_float(moments)
@@ -95,69 +97,43 @@ class GradientFit:
         return math.exp(2 * self.mu + 2 * self.sigma**2) * self.nonzero
 
 
-def neural_error(
-    policy: Policy,
-    g: Tensor,
-    scale: Tensor | float | None = None,
-    weight_path: bool = True,
-    feature_axis: int = -1,
-) -> float | None:
-    """Predicted E||Q(g) - g||^2 of `policy` on the layer gradient `g` (the copy of the weight-gradient GEMM
-    where the policy has two, its output features along `feature_axis`); `scale`: the FP policy's scale
-    (the layer's statistics). None where the policy has no prediction (heterogeneous or non-lognormal
-    pruning, BHQ, chains, TE's block scale rule). Block formats take the correlated block model
-    (`gradcomp.theory.block`), whose levels are fitted on the copy's own blocks."""
-    if isinstance(policy, NoCompression):
-        return 0.0
-    if isinstance(policy, Integer):
-        return _integer_error(policy, g, weight_path)
-    fit = GradientFit.of(g)
-    if fit is None:
-        return 0.0
-    if isinstance(policy, Block):
-        return _block_error(policy, g, weight_path, feature_axis, fit)
-    relative = _relative_error(policy, fit, scale)
-    return None if relative is None else relative * fit.fitted_energy
+def prune_relative_error(fit: GradientFit, sparsity: float) -> float:
+    """Lognormal stochastic pruning's error at target `sparsity` over the fitted second moment."""
+    return prune_variance(fit.sigma, sparsity, fit.zero_share)
 
 
-def _relative_error(policy: Policy, fit: GradientFit, scale: Tensor | float | None) -> float | None:
-    """The theory's error over the fitted lognormal's second moment."""
+def luq_relative_error(fit: GradientFit, bits: int, samples: int) -> float:
+    """LUQ's error (`bits`, SMP `samples`) over the fitted second moment, its alpha from the largest
+    magnitude."""
+    largest = fit.largest / math.exp(fit.mu)
+    return luq_variance(fit.sigma, bits, fit.numel, samples, largest=largest)
+
+
+def nm_relative_error(fit: GradientFit, n: int, m: int) -> float:
+    """MVUE n:m's error over the fitted second moment (the quadrature at rounded parameters, kept)."""
+    return _nm_variance(round(fit.sigma, 2), n, m, round(fit.zero_share, 3))
+
+
+def fp_relative_error(fit: GradientFit, fmt: FPFormat, rounding: str, scale: Tensor | float) -> float:
+    """The error of rounding to `fmt` at `scale` (the layer's statistics) over the fitted second moment:
+    the per-tensor model given the largest magnitude."""
     mu2, sigma2 = fit.mu / _LN2, fit.sigma / _LN2
-    if isinstance(policy, Prune):
-        if policy.estimator != "lognormal" or policy.heterogeneous:
-            return None
-        return prune_variance(fit.sigma, policy.sparsity, fit.zero_share)
-    if isinstance(policy, Luq):
-        largest = fit.largest / math.exp(fit.mu)
-        return luq_variance(fit.sigma, policy.bits, fit.numel, policy.samples, largest=largest)
-    if isinstance(policy, NM):
-        return _nm_variance(round(fit.sigma, 2), policy.n, policy.m, round(fit.zero_share, 3))
-    if isinstance(policy, FloatingPoint):
-        if scale is None:
-            return None
-        log2_scale = mu2 + math.log2(float(scale))
-        largest = fit.largest / math.exp(fit.mu)
-        shares = per_tensor_statistics(policy.fmt, sigma2, log2_scale, policy.rounding, largest, fit.nonzero)
-        return shares.relative_mse * fit.energy_given_largest / fit.fitted_energy
-    return None
+    log2_scale = mu2 + math.log2(float(scale))
+    largest = fit.largest / math.exp(fit.mu)
+    shares = per_tensor_statistics(fmt, sigma2, log2_scale, rounding, largest, fit.nonzero)
+    return shares.relative_mse * fit.energy_given_largest / fit.fitted_energy
 
 
-def _block_error(
-    policy: Block, g: Tensor, weight_path: bool, feature_axis: int, fit: GradientFit
-) -> float | None:
-    """The correlated block model's error on the copy's blocks, times their energy (block scaling is
-    scale-free: the relative error is that of the measured energy, not the fitted lognormal's); None for
-    TE's and Four Over Six's scale rules, which the model does not cover."""
-    settings = policy.copy(weight_path)
-    if settings.format.from_tensor_max:
-        return None
-    laid_out, axis = block_layout(g.detach(), weight_path, feature_axis)
-    levels = BlockLevels.of(as_blocks(laid_out, settings.format.block_size, axis)[0])
+def block_error(fmt: BlockFormat, rounding: str, hadamard: bool, blocks: Tensor, fit: GradientFit) -> float:
+    """The correlated block model's error on a copy's blocks (`blocks`: one block of `fmt` per row, as the
+    copy is laid out for its quantizer), times their energy (block scaling is scale-free: the relative
+    error is that of the measured energy, not the fitted lognormal's); the levels are fitted on these
+    blocks. The model does not cover the scale rules taken from the tensor's largest magnitude (TE's, Four
+    Over Six: `fmt.from_tensor_max`), which the caller leaves out."""
+    levels = BlockLevels.of(blocks)
     if levels is None:
         return 0.0
-    shares = correlated_block_statistics(
-        settings.format, levels.rounded(), settings.rounding, bool(settings.hadamard), fit.numel
-    )
+    shares = correlated_block_statistics(fmt, levels.rounded(), rounding, hadamard, fit.numel)
     return shares.relative_mse * fit.energy
 
 
@@ -168,13 +144,11 @@ def _nm_variance(sigma: float, n: int, m: int, zero_share: float) -> float:
     return nm_variance(max(sigma, 1e-3), n, m, zero_share=zero_share)
 
 
-def _integer_error(policy: Integer, g: Tensor, weight_path: bool) -> float | None:
+def integer_error(g: Tensor, scheme: str, bits: int) -> float | None:
     """Stochastic rounding's exact expected error given g: Delta^2 f (1 - f) per element, f its position
-    within its bin of width Delta on its group's min-max grid (the scheme's groups: the tensor, each column
-    or each row); BHQ, whose transform mixes rows, has no prediction here."""
-    scheme, bits = (policy.weight_path, policy.weight_bits) if weight_path else ("same", policy.bits)
-    if scheme == "same":
-        scheme, bits = policy.scheme, policy.bits
+    within its bin of width Delta on its group's min-max grid of `bits` bits (the scheme's groups: "ptq"
+    the tensor, "column" each column, the others each row); "none" (an exact copy) adds nothing; BHQ,
+    whose transform mixes rows, has no prediction here."""
     if scheme == "none":
         return 0.0
     if scheme == "bhq":
@@ -214,12 +188,14 @@ def group_energy(e: Tensor, groups: int, feature_axis: int) -> Tensor:
     return squares.movedim(feature_axis, 0).reshape(groups, -1).sum(1)
 
 
-def error_by_group(policy: Policy, error: float, g: Tensor, groups: int, feature_axis: int) -> Tensor:
+def error_by_group(
+    error: float, g: Tensor, groups: int, feature_axis: int, by_elements: bool = False
+) -> Tensor:
     """The theory's neural error `error` of layer gradient `g` spread over its convolution groups: by element
-    count for integer grids, whose error is set by the range and the same for every element (stochastic
-    rounding's mean f(1 - f) Delta^2), by the gradient's energy for the other policies, whose error is
-    relative to the magnitudes they act on."""
-    if isinstance(policy, Integer):
+    count where `by_elements` (integer grids, whose error is set by the range and the same for every
+    element: stochastic rounding's mean f(1 - f) Delta^2), else by the gradient's energy (the other
+    policies, whose error is relative to the magnitudes they act on)."""
+    if by_elements:
         return torch.full((groups,), error / groups, dtype=torch.float64, device=g.device)
     energy = group_energy(g, groups, feature_axis)
     total = float(energy.sum())
