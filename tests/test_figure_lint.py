@@ -1,10 +1,18 @@
-"""The figure lint: each check fires on a figure built to fail it and stays quiet on a clean one."""
+"""The figure lint: each check fires on a figure built to fail it and stays quiet on a clean one, and every
+committed figure passes it (redrawn from its JSON as `gradcomp draw` does)."""
+
+from pathlib import Path
 
 import matplotlib.pyplot as plt
 import numpy as np
+import pytest
 
+from gradcomp.analysis.tables import Record
+from gradcomp.experiments import experiments
 from gradcomp.plots.lint import lint
 from gradcomp.plots.style import subplots, titled
+
+COMMITTED = sorted((Path(__file__).resolve().parents[1] / "figures").glob("*/*.json"))
 
 
 def _checks(figure) -> list[str]:
@@ -106,3 +114,13 @@ def test_a_title_naming_what_is_not_drawn():
     axes[0][0].plot([0, 1], [0, 1], label="luq4")  # a name begins a drawn word, in any case
     axes[0][0].legend()
     assert _checks(titled(figure, "LUQ gradients")) == []
+
+
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda path: f"{path.parent.name}/{path.stem}")
+def test_every_committed_figure_passes(path):
+    record = Record.load(path)
+    np.random.seed(0)
+    figure = titled(experiments()[record.id].draw(record), record.title)
+    defects = lint(figure)
+    plt.close(figure)
+    assert not defects, "\n".join(map(str, defects))
