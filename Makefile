@@ -29,9 +29,10 @@ data:
 		echo "note: could not install dataset-fashion-mnist; gradcomp will try torchvision's download"
 
 # TRITON_INTERPRET must be in the environment before Python starts: it is read when triton.language is
-# first imported (torchvision and timm import it), and it lets the Triton kernels run on CPU tensors.
+# first imported (torchvision and timm import it), and it lets the Triton kernels run on CPU tensors. The 30
+# slowest tests are listed at the end (where the suite's time goes).
 test: $(STAMP) data lint
-	TRITON_INTERPRET=1 $(PYTHON) -m pytest -q tests
+	TRITON_INTERPRET=1 $(PYTHON) -m pytest -q --durations=30 tests
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks
