@@ -16,20 +16,10 @@ from gradcomp.experiments import CLAIMS
 from gradcomp.pipeline import check_config
 
 ROOT = Path(__file__).resolve().parents[1]
-# figures/converged predates the claims' plans (and the split of its configuration into converged and
-# failure): its records are checked once both are regenerated
-PREDATING = {"converged"}
-COMMITTED = [
-    pytest.param(path, marks=pytest.mark.skip(reason="figures/converged predates the claims' plans"))
-    if path.parent.name in PREDATING
-    else path
-    for path in sorted((ROOT / "figures").glob("*/*.json"))
-]
+COMMITTED = sorted((ROOT / "figures").glob("*/*.json"))
 
 
-@pytest.mark.parametrize(
-    "path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}" if hasattr(p, "parent") else ""
-)
+@pytest.mark.parametrize("path", COMMITTED, ids=lambda p: f"{p.parent.name}/{p.stem}")
 def test_every_committed_claim_was_decidable_as_designed_and_shows_its_plan(path):
     for row in json.loads(path.read_text()).get("claims", []):
         assert row["decidable"], f"{row['claim']} cannot be decided as designed: {row['evidence']}"

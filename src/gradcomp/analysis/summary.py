@@ -95,7 +95,12 @@ def _claims_parts(
         row = _first(mine, (OWN, LONGEST, REPLICATED))
         decided_in = "" if claim.plan is None else claim.plan.decided_in
         there = [r for r in theirs if r["where"] == decided_in]
-        deciding = row if decided_in in ("", name) else _first(there, (LONGEST, OWN))
+        if decided_in in ("", name) and row is not None:
+            deciding = row
+        elif decided_in == "":  # decided by computation elsewhere: the configuration that computed it
+            deciding = _first(theirs, (OWN,))
+        else:
+            deciding = _first(there, (LONGEST, OWN))
         shown = [r for r in (row, deciding) if r is not None]
         replications = _independent(shown, [*mine, *theirs])
         here_deciding = deciding is row and row is not None
