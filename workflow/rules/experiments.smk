@@ -10,7 +10,9 @@ REPORT_CATEGORIES = {
 SUMMARY_CATEGORY = "00 Summary"
 # The configuration's report page: SUMMARY.md (the claims at a glance first) with every figure embedded
 REPORT_PAGE = f"{RESULTS}/report.html"
-REPORT_PAGES = [f"{REPORT}/{EXPERIMENTS[exp].prefix}.html" for exp in REPORT_ORDER] + [REPORT_PAGE]
+REPORT_PAGES = [f"{REPORT}/{EXPERIMENTS[exp].prefix}.html" for exp in REPORT_ORDER] + [
+    REPORT_PAGE
+]
 
 
 # Each experiment's settings as a file of this run's results, which the compute step reads: a fresh clone
