@@ -2,10 +2,10 @@
 
 `lint(figure)` returns the defects of a drawn figure (its suptitle set): text boxes that overlap or leave the
 figure (tick labels, axis labels, titles, annotations, legends), a legend entry twice, an axis that runs more
-than two decades beyond its data or cuts data off, a name the title promises (an upper-case name such as
-PTQ or MXFP4) drawn nowhere, and categories placed on a numeric axis (tick labels mixing numbers and words,
-or words on a log axis). `gradcomp draw` prints them; `tests/test_figure_lint.py` requires none on every
-committed figure."""
+than two decades beyond its data or cuts data off, one tick on a numeric axis (a scale nobody can read), a
+name the title promises (an upper-case name such as PTQ or MXFP4) drawn nowhere, and categories placed on a
+numeric axis (tick labels mixing numbers and words, or words on a log axis). `gradcomp draw` prints them;
+`tests/test_figure_lint.py` requires none on every committed figure."""
 
 from __future__ import annotations
 
@@ -25,9 +25,8 @@ from matplotlib.patches import Patch, StepPatch
 from matplotlib.spines import Spine
 from matplotlib.text import Text
 
-DECADES = (
-    2.0  # an axis may run this many powers of 10 beyond its data (log), or span 10**DECADES x it (linear)
-)
+# an axis may run this many powers of 10 beyond its data (log), or span 10**DECADES times it (linear)
+DECADES = 2.0
 SLACK = 1.0  # pixels two boxes may share, and a box may stick out of the figure, before it counts
 NAME = re.compile(r"(?<![\w-])[A-Z][A-Z0-9]*[A-Z0-9](?![\w-])")  # PTQ, MXFP4, FP32: what a title names
 NOT_SERIES = ("GEMM",)  # upper-case words a title may use that name no series (the matrix product R is of)
