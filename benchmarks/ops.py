@@ -21,6 +21,7 @@ import time
 from collections.abc import Callable
 
 import torch
+from records import save
 
 from gradcomp import (
     hadamard,
@@ -348,6 +349,9 @@ def main() -> None:
         "the interpreter (TRITON_INTERPRET=1), no times",
     )
     parser.add_argument("--quick", action="store_true", help="tiny sizes, 3 repeats: checks that it runs")
+    parser.add_argument(
+        "--record", action="store_true", help="save the timed tables to benchmarks/records/ (see records.py)"
+    )
     args = parser.parse_args()
     if args.quick:
         args.numel, args.repeats = 1 << 16, 3
@@ -357,6 +361,10 @@ def main() -> None:
     print(to_markdown(rows))
     for note in notes:
         print(f"note: {note}")
+    settings = {"numel": args.numel, "repeats": args.repeats, "threads": torch.get_num_threads()}
+    record = args.record and not args.quick
+    if record:
+        print(save("ops-cpu", rows, settings | {"torch": torch.__version__}))
     if device == "cpu":
         if not interpreter_enabled():
             print("\nno CUDA device: run with TRITON_INTERPRET=1 for the launch counts of the device path")
@@ -365,8 +373,15 @@ def main() -> None:
         print(to_markdown(launch_rows(1 << 16)))
         return
     print(f"\nCUDA: {torch.cuda.get_device_name()}")
+    measured = []
     for log2_numel in (16,) if args.quick else (24, 28):
-        print(to_markdown(device_rows(1 << log2_numel, args.repeats)))
+        table = device_rows(1 << log2_numel, args.repeats)
+        print(to_markdown(table))
+        measured += table
+    if record:
+        print(
+            save("ops-cuda", measured, settings | {"torch": torch.__version__}, torch.cuda.get_device_name())
+        )
 
 
 if __name__ == "__main__":

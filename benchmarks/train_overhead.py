@@ -34,6 +34,7 @@ import time
 
 import torch
 import yaml
+from records import save
 from torch import nn
 
 from gradcomp._backend import COMPILE_ENV, interpreter_enabled
@@ -124,6 +125,9 @@ def main() -> None:
     parser.add_argument("--channels", type=int, help="synthetic images with this many channels (default 3)")
     parser.add_argument("--quick", action="store_true", help="batch 8, 16x16 images, one timed step per arm")
     parser.add_argument(
+        "--record", action="store_true", help="save the table to benchmarks/records/ (see records.py)"
+    )
+    parser.add_argument(
         "--launches",
         action="store_true",
         help="count each arm's launches and syncs of one step instead of timing (on CPU with "
@@ -200,6 +204,12 @@ def main() -> None:
         f"{args.rounds * args.steps} timed steps per arm"
     )
     print(to_markdown(rows))
+    if args.record and not args.quick:
+        settings = {
+            key: value for key, value in vars(args).items() if key not in ("record", "quick", "launches")
+        }
+        benchmark = "train_overhead" + ("-block" if args.arms == "block" else "")
+        print(save(benchmark, rows, settings | {"data": f"{source} {shape}"}, where if cuda else None))
 
 
 if __name__ == "__main__":

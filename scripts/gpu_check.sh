@@ -70,8 +70,8 @@ else
         exit 1
     fi
     part tests 180 "$PYTHON" -m pytest -q -p no:cacheprovider -m cuda -rs "${kernel_tests[@]}"
-    part ops 90 "$PYTHON" benchmarks/ops.py --device cuda
-    part train_overhead 120 "$PYTHON" benchmarks/train_overhead.py --device cuda --batch-size 256 \
+    part ops 90 "$PYTHON" benchmarks/ops.py --device cuda --record
+    part train_overhead 120 "$PYTHON" benchmarks/train_overhead.py --device cuda --record --batch-size 256 \
         --image-size 224 --channels 3 --rounds 4 --steps 3
     part torchrun 60 "$PYTHON" -m torch.distributed.run --standalone --nproc_per_node="$gpus" -m gradcomp \
         train --dataset synthetic --model resnet18 --device cuda --batch-size $((64 * gpus)) --epochs 1 \

@@ -1,0 +1,34 @@
+"""Benchmark records: benchmarks/README.md's generated tables are those of the committed records, and a saved
+record comes back as table rows with its date, machine and commit."""
+
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
+spec = importlib.util.spec_from_file_location("records", BENCHMARKS / "records.py")
+records = importlib.util.module_from_spec(spec)
+spec.loader.exec_module(records)
+
+
+def test_the_readme_tables_are_the_committed_records():
+    text = (BENCHMARKS / "README.md").read_text()
+    assert records.SECTION.search(text), "benchmarks/README.md lost its records sections"
+    assert records.generated(text) == text, "stale: run `python benchmarks/records.py`"
+
+
+def test_a_saved_record_becomes_rows_with_date_machine_and_commit(tmp_path):
+    rows = [{"arm": "uncompressed", "ms/step": 29.3}, {"arm": "MXFP4 nearest", "ms/step": 42.3}]
+    records.save("demo", rows, {"rounds": 6}, records=tmp_path)
+    records.save("demo", rows[:1], {"rounds": 10}, device="NVIDIA H100", records=tmp_path)
+    table = records.table("demo", tmp_path).splitlines()
+    assert table[0] == "| arm | ms/step | rounds | date | machine | commit |"  # settings that differ shown
+    assert len(table) == 2 + 3
+    assert re.search(r"\| \d{4}-\d\d-\d\d \| \d+-core .+ \| [0-9a-f]{7,}(\+changes)? \|$", table[2])
+    assert "; NVIDIA H100" in table[-1]
+    section = "<!-- records:demo:begin -->\nold\n<!-- records:demo:end -->"
+    assert records.generated(section, tmp_path) == section.replace("old\n", records.table("demo", tmp_path))
+    with pytest.raises(ValueError, match="at least one row"):
+        records.save("demo", [], {}, records=tmp_path)
