@@ -19,12 +19,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-from gradcomp.analysis.tables import to_markdown
+from gradcomp.analysis.tables import fill_section, to_markdown
 
 HERE = Path(__file__).resolve().parent
 RECORDS = HERE / "records"
 README = HERE / "README.md"
-SECTION = re.compile(r"(<!-- records:([\w-]+):begin -->\n).*?(<!-- records:\2:end -->)", re.DOTALL)
+SECTION = re.compile(r"<!-- records:([\w-]+):begin -->")  # each generated section, by benchmark
 WHEN = ("date", "machine", "commit")  # the columns every generated row ends with
 
 
@@ -96,7 +96,9 @@ def table(benchmark: str, records: Path = RECORDS) -> str:
 
 def generated(readme: str, records: Path = RECORDS) -> str:
     """`readme` with each records section replaced by its benchmark's table."""
-    return SECTION.sub(lambda m: m[1] + table(m[2], records) + m[3], readme)
+    for benchmark in SECTION.findall(readme):
+        readme = fill_section(readme, f"records:{benchmark}", table(benchmark, records))
+    return readme
 
 
 def main() -> int:

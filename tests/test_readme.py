@@ -14,12 +14,13 @@ import yaml
 from gradcomp.analysis.seeds import ALPHA
 from gradcomp.analysis.summary import claims_at_a_glance
 from gradcomp.analysis.verdicts import POWER
-from gradcomp.cli import CLAIMS_BEGIN, CLAIMS_END, main
+from gradcomp.cli import main
 from gradcomp.datasets import DATASETS
 from gradcomp.pipeline import run_spec, run_steps, seeds, training_jobs
 from gradcomp.policies import Prune, parse_policy
 
 ROOT = Path(__file__).resolve().parents[1]
+CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"
 README = (ROOT / "README.md").read_text()
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 MAX_LINES = 400

@@ -300,36 +300,28 @@ def _summary(args: argparse.Namespace) -> None:
     print(write_summary(figures, args.out))
 
 
-CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"
+CLAIMS = "claims"  # the README's generated section: <!-- claims:begin --> ... <!-- claims:end -->
 
 
 def _readme(args: argparse.Namespace) -> None:
     """The claims at a glance of --figures written between the README's claims markers (whatever stood there
     is replaced; the rest of the file is kept), each claim linked to its block in --figures' SUMMARY.md."""
-    import re
-
     from gradcomp.analysis.summary import claims_at_a_glance
+    from gradcomp.analysis.tables import fill_section
 
     readme = Path(args.readme)
     try:
         text = readme.read_text()
     except (OSError, UnicodeDecodeError) as error:
         raise ConfigError(f"{readme}: cannot be read as text ({type(error).__name__}: {error})") from None
-    if (
-        text.count(CLAIMS_BEGIN) != 1
-        or text.count(CLAIMS_END) != 1
-        or text.find(CLAIMS_BEGIN) > text.find(CLAIMS_END)
-    ):
-        raise ConfigError(
-            f"{readme} needs one {CLAIMS_BEGIN} line and, after it, one {CLAIMS_END} line: the claims table "
-            "goes between them"
-        )
+    try:
+        fill_section(text, CLAIMS, "")  # the markers checked before any work
+    except ValueError as error:
+        raise ConfigError(f"{readme} {error}: the claims table goes between them") from None
     figures = _figures(args.figures)
     _writable(readme, "the README")
     link = Path(os.path.relpath(figures / "SUMMARY.md", readme.resolve().parent)).as_posix()
-    block = claims_at_a_glance(figures, summary_link=link)
-    pattern = re.compile(re.escape(CLAIMS_BEGIN) + ".*?" + re.escape(CLAIMS_END), re.S)
-    readme.write_text(pattern.sub(lambda _: f"{CLAIMS_BEGIN}\n{block}\n{CLAIMS_END}", text))
+    readme.write_text(fill_section(text, CLAIMS, claims_at_a_glance(figures, summary_link=link)))
     print(readme)
 
 
@@ -514,7 +506,9 @@ def build_parser() -> argparse.ArgumentParser:
         parents=[debug],
         help="the claims at a glance of --figures, written between a README's claims markers",
     )
-    readme.add_argument("readme", help=f"Markdown file holding the lines {CLAIMS_BEGIN} and {CLAIMS_END}")
+    readme.add_argument(
+        "readme", help=f"Markdown file holding the lines <!-- {CLAIMS}:begin --> and <!-- {CLAIMS}:end -->"
+    )
     readme.add_argument(
         "--figures",
         default="figures/default",

@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from gradcomp.analysis.seeds import ALPHA
-from gradcomp.analysis.tables import Record, plan_cell, to_markdown
+from gradcomp.analysis.tables import Record, to_markdown, under_powered
 from gradcomp.analysis.verdicts import POWER
 from gradcomp.experiments import CLAIMS, experiments
 from gradcomp.page import anchor
@@ -132,7 +132,7 @@ def _claims_parts(
         else:
             lines.append(f"- **Here**: *{row['status']}* ({row['seeds']}; {row['scale']}): {row['evidence']}")
             if row.get("plan") and row["plan"] != "exact":
-                short = " (under-powered)" if "under-powered" in plan_cell(row) else ""
+                short = " (under-powered)" if under_powered(row) else ""
                 second = f" At the second margin, {row['sensitivity']}." if row.get("sensitivity") else ""
                 lines.append(f"- **Plan**: {row['plan']}; {row['used']} used{short}.{second}")
         lines += [

@@ -161,8 +161,7 @@ def plan_cell(decision: dict) -> str:
     if used is None:
         return ""
     planned_text = "none would do" if planned is None else str(planned)
-    short = planned is None or used < planned
-    return f"{planned_text} / {used}" + (" (under-powered)" if short else "")
+    return f"{planned_text} / {used}" + (" (under-powered)" if under_powered(decision) else "")
 
 
 def record_markdown(record: Record) -> str:
@@ -225,6 +224,23 @@ def _cell(value: object) -> str:
 def columns(rows: Sequence[dict]) -> list[str]:
     """Every key of the rows, in order of first appearance (rows may leave some out)."""
     return list(dict.fromkeys(key for row in rows for key in row))
+
+
+def fill_section(text: str, name: str, content: str) -> str:
+    """`text` with what stands between its `<!-- name:begin -->` and `<!-- name:end -->` lines replaced by
+    `content` (the generated parts of a hand-written Markdown file); ValueError unless the two markers stand
+    once each, in that order."""
+    begin, end = f"<!-- {name}:begin -->", f"<!-- {name}:end -->"
+    if text.count(begin) != 1 or text.count(end) != 1 or text.find(begin) > text.find(end):
+        raise ValueError(f"needs one {begin} line and, after it, one {end} line")
+    head, rest = text.split(begin)
+    return f"{head}{begin}\n{content.rstrip(chr(10))}\n{end}{rest.split(end)[1]}"
+
+
+def under_powered(decision: dict) -> bool:
+    """Whether a decision used fewer seeds than its plan asks for (or its plan supports no seed count)."""
+    planned = decision.get("planned")
+    return planned is None or decision["used"] < planned
 
 
 def to_markdown(rows: Sequence[dict]) -> str:
