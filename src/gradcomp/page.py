@@ -122,8 +122,8 @@ def write_page(out: str | Path, markdown: str | Path, figure: str | Path | None 
     Markdown's images of PNG files beside it are embedded where they stand (each with the id `fig-<name>`,
     which links to that PNG then lead to), and its other relative links are rewritten to work from `out`."""
     markdown, out = Path(markdown), Path(out)
-    folder = markdown.parent
-    embedded = {m[3] for m in LINK.finditer(markdown.read_text()) if m[1] and (folder / m[3]).is_file()}
+    folder, text = markdown.parent, markdown.read_text()
+    embedded = {m[3] for m in LINK.finditer(text) if m[1] and (folder / m[3]).is_file()}
 
     def target(href: str) -> str:
         if href in embedded:
@@ -137,14 +137,10 @@ def write_page(out: str | Path, markdown: str | Path, figure: str | Path | None 
             return f'<img alt="{html.escape(alt)}" src="{html.escape(target(src))}">'
         return f'<img id="fig-{Path(src).stem}" alt="{html.escape(alt)}" src="{_data_uri(folder / src)}">'
 
-    body = markdown_html(markdown.read_text(), target, image)
+    body = markdown_html(text, target, image)
     if figure is not None:
         image_html = f'<figure><img alt="{Path(figure).name}" src="{_data_uri(Path(figure))}"></figure>'
-        body = (
-            re.sub(r"(</h1>)", lambda m: m[1] + "\n" + image_html, body, count=1)
-            if "</h1>" in body
-            else (image_html + body)
-        )
+        body = body.replace("</h1>", "</h1>\n" + image_html, 1) if "</h1>" in body else image_html + body
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(
         f'<!DOCTYPE html>\n<html><head><meta charset="utf-8"><style>{PAGE_STYLE}</style></head>'
