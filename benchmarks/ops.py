@@ -24,6 +24,7 @@ import torch
 from records import save
 
 from gradcomp import (
+    BlockFormat,
     hadamard,
     log_moments,
     lognormal_threshold,
@@ -158,15 +159,15 @@ def cpu_rows(numel: int, repeats: int) -> tuple[list[dict], list[str]]:
         )
     row("quantize_luq 4-bit", lambda: quantize_luq(x, seed=0), "", None)
     row("nm_prune 2:4 (last axis)", lambda: nm_prune(rows_2d, 2, 4, seed=0), "", None)
-    row("quantize_block mxfp4 stochastic", lambda: quantize_block(x, "e2m1fn", rounding="stochastic", seed=0),
-        "", None)  # fmt: skip
+    mxfp4_stochastic = BlockFormat("e2m1fn", rounding="stochastic")
+    row("quantize_block mxfp4 stochastic", lambda: quantize_block(x, mxfp4_stochastic, seed=0), "", None)
     row(
         "quantize_block mxfp4 + hadamard 32",
-        lambda: quantize_block(x, "e2m1fn", hadamard=32, seed=0),
+        lambda: quantize_block(x, BlockFormat("e2m1fn", hadamard=32), seed=0),
         "",
         None,
     )
-    row("quantize_block nvfp4", lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn"), "", None)
+    row("quantize_block nvfp4", lambda: quantize_block(x, BlockFormat("e2m1fn", 16, "e4m3fn")), "", None)
     row("hadamard 16", lambda: hadamard(x, 16, seed=0), "", None)
     return rows, notes
 
@@ -214,7 +215,8 @@ def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Calla
     moved = 2 * x.numel() * x.element_size()  # read + write, as a copy
     read = moved / 2
     k = max(1, int((1 - SPARSITY) * x.numel()))
-    tetrajet = {"hadamard": 16, "outer": 128, "backend": backend}  # TetraJet-v2's copies
+    # TetraJet-v2's copies: NVFP4 with an outer scale per 128, the transform, stochastic rounding
+    tetrajet = BlockFormat("e2m1fn", 16, "e4m3fn", outer=128, rounding="stochastic", hadamard=16)
 
     def topk_prune() -> torch.Tensor:  # the exact magnitude at the target quantile by selection
         return stochastic_prune(x, torch.topk(x.abs().flatten(), k, sorted=False).values.min(), 0, backend)
@@ -250,40 +252,47 @@ def _device_ops(x: torch.Tensor, backend: str = "auto") -> list[tuple[str, Calla
         ("quantize_int 5-bit bhq (256 rows)", lambda: quantize_int(rows, 5, "bhq", 0, backend), moved, ""),
         ("quantize_luq 4-bit", lambda: quantize_luq(x, seed=0, backend=backend), moved + read, ""),
         ("nm_prune 2:4", lambda: nm_prune(rows, 2, 4, seed=0, backend=backend), moved, ""),
-        ("quantize_block mxfp8 nearest", lambda: quantize_block(x, "e4m3fn", backend=backend), moved, ""),
+        (
+            "quantize_block mxfp8 nearest",
+            lambda: quantize_block(x, BlockFormat("e4m3fn"), backend=backend),
+            moved,
+            "",
+        ),
         (
             "quantize_block mxfp4 stochastic",
-            lambda: quantize_block(x, "e2m1fn", rounding="stochastic", seed=0, backend=backend),
+            lambda: quantize_block(x, BlockFormat("e2m1fn", rounding="stochastic"), seed=0, backend=backend),
             moved,
             "",
         ),
         (
             "quantize_block mxfp4 + hadamard 32",
-            lambda: quantize_block(x, "e2m1fn", hadamard=32, seed=0, backend=backend),
+            lambda: quantize_block(x, BlockFormat("e2m1fn", hadamard=32), seed=0, backend=backend),
             moved,
             "",
         ),
         (
             "quantize_block nvfp4",
-            lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn", backend=backend),
+            lambda: quantize_block(x, BlockFormat("e2m1fn", 16, "e4m3fn"), backend=backend),
             moved + read,
             "",
         ),
         (
             "quantize_block e2m1/16 ue5m3",
-            lambda: quantize_block(x, "e2m1fn", 16, "e5m3fnu", backend=backend),
+            lambda: quantize_block(x, BlockFormat("e2m1fn", 16, "e5m3fnu"), backend=backend),
             moved + read,
             "quantize_block nvfp4",
         ),
         (
             "quantize_block nvfp4 four over six",
-            lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn", scale_rule="four_over_six", backend=backend),
+            lambda: quantize_block(
+                x, BlockFormat("e2m1fn", 16, "e4m3fn", rule="four_over_six"), backend=backend
+            ),
             moved + read,
             "quantize_block nvfp4",
         ),
         (
             "quantize_block nvfp4 outer 128 + hadamard 16 stochastic",
-            lambda: quantize_block(x, "e2m1fn", 16, "e4m3fn", rounding="stochastic", seed=0, **tetrajet),
+            lambda: quantize_block(x, tetrajet, seed=0, backend=backend),
             moved,
             "",
         ),

@@ -235,11 +235,14 @@ def test_policy_keys_that_would_do_nothing_or_twice_are_refused(spec, message):
 
 
 def test_quantize_block_refuses_signs_without_a_transform():
+    from gradcomp.block_format import BlockFormat
     from gradcomp.ops.block import quantize_block
 
     x = torch.randn(4, 32)
-    with pytest.raises(ValueError, match="signs=7 sets the Hadamard transform's signs"):
-        quantize_block(x, "e2m1fn", signs=7)
+    with pytest.raises(ValueError, match="sign_seed=7 seeds a Hadamard transform's random signs"):
+        quantize_block(x, BlockFormat("e2m1fn"), sign_seed=7)
+    with pytest.raises(ValueError, match="signs=False sets the Hadamard transform's signs"):
+        BlockFormat("e2m1fn", signs=False)
     # a policy's signs act on the copy that has a transform only: the other copy draws none
     model = _model()
     with attach(model, "mxfp4:weight_hadamard=16,signs=run") as handle:

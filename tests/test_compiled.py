@@ -10,6 +10,7 @@ from torch import nn
 from gradcomp import log_moments, lognormal_threshold, quantize_block, stochastic_prune
 from gradcomp._backend import COMPILE_ENV, CpuCompiled, CpuCompiledPerLayout
 from gradcomp.attachment import attach
+from gradcomp.block_format import BlockFormat
 from gradcomp.config import CompressionConfig
 from gradcomp.ops.block import quantize_block_pair
 from gradcomp.ops.prune import _prune_chunk
@@ -112,48 +113,50 @@ def test_inputs_that_require_grad_keep_the_compiled_path(monkeypatch):
     assert not _prune_chunk.eager_signatures and not _log_sums.eager_signatures
 
 
+# (the format's settings but its rounding, the rounding, the call's sign_seed)
 BLOCK_CASES = [
-    ({"element": "e2m1fn"}, "nearest"),
-    ({"element": "e4m3fn", "scale_rule": "ceil", "hadamard": 32}, "stochastic"),
-    ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}, "nearest"),
+    ({"element": "e2m1fn"}, "nearest", None),
+    ({"element": "e4m3fn", "rule": "ceil", "hadamard": 32}, "stochastic", None),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}, "nearest", None),
     (
-        {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "scale_rule": "te", "hadamard": 16},
+        {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "rule": "te", "hadamard": 16},
         "stochastic",
+        None,
     ),
-    ({"element": "e2m1fn", "scale_rule": "three_quarters", "hadamard": 32, "signs": 3}, "stochastic"),
-    ({"element": "e2m1fn", "block_size": 16, "scale": "float8_e3m4"}, "nearest"),
-    ({"element": "e2m1fn", "block_size": 16, "scale": "e5m3fnu", "scale_rule": "ceil"}, "stochastic"),
+    ({"element": "e2m1fn", "rule": "three_quarters", "hadamard": 32}, "stochastic", 3),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "float8_e3m4"}, "nearest", None),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "e5m3fnu", "rule": "ceil"}, "stochastic", None),
     (
-        {
-            "element": "e2m1fn",
-            "block_size": 16,
-            "scale": "e4m3fn",
-            "scale_rule": "reciprocal",
-            "hadamard": 16,
-        },
+        {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "rule": "reciprocal", "hadamard": 16},
         "stochastic",
+        None,
     ),
-    ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "scale_rule": "four_over_six"}, "stochastic"),
+    ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "rule": "four_over_six"}, "stochastic", None),
     # TetraJet-v2: outer blocks grouped by line, each line shorter than the outer block of 128
-    ({"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "outer": 128, "hadamard": 16}, "stochastic"),
+    (
+        {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "outer": 128, "hadamard": 16},
+        "stochastic",
+        None,
+    ),
 ]
 
 
-@pytest.mark.parametrize(("options", "rounding"), BLOCK_CASES)
+@pytest.mark.parametrize(("options", "rounding", "sign_seed"), BLOCK_CASES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-def test_compiled_block_quantization_is_bit_exact(monkeypatch, options, rounding, dtype):
+def test_compiled_block_quantization_is_bit_exact(monkeypatch, options, rounding, sign_seed, dtype):
     """Compiled against eager, with non-finite values, the layouts of other axes and of padded ones, and
     the zero count fused in."""
     if dtype != torch.float32 and options.get("hadamard"):
         pytest.skip("the transform computes in float32 after the same conversion: its compiles take seconds")
     x = lognormal_gradient((20_000, 32), sigma=2.0).to(dtype)
+    fmt = BlockFormat(**options, rounding=rounding)
     layouts = ((x, -1), (x[:, :24], -1), (x.view(500, 40, 32), 1))
     for tensor, axis in layouts if dtype == torch.float32 else layouts[:1]:
 
         def quantize(tensor=tensor, axis=axis):
             zeros = torch.zeros((), dtype=torch.int64)
-            options_here = {"rounding": rounding, "seed": 9, "axis": axis, "count_zeros_into": zeros}
-            return quantize_block(tensor, **options_here, **options), zeros
+            call = {"seed": 9, "sign_seed": sign_seed, "axis": axis, "count_zeros_into": zeros}
+            return quantize_block(tensor, fmt, **call), zeros
 
         (eager, eager_zeros), (compiled, compiled_zeros) = _both(monkeypatch, quantize)
         assert same_bits(compiled, eager) and compiled.shape == tensor.shape
@@ -164,8 +167,9 @@ def test_compiled_te_on_tiny_tensors_is_bit_exact(monkeypatch):
     """TE's rule where its encode scale (below 7.9e-36) and element factors (below 1.8e-38) are clamped to
     FLT_MAX and decoded by their reciprocals, down to float32 subnormals: the compiled path keeps the
     subnormals and the decode as eagerly (BLOCK_CASES' te case: the same compiled function)."""
-    options, rounding = BLOCK_CASES[3]
-    assert options["scale_rule"] == "te"
+    options, rounding, _ = BLOCK_CASES[3]
+    assert options["rule"] == "te"
+    fmt = BlockFormat(**options, rounding=rounding)
     x = lognormal_gradient((20_000, 32), sigma=2.0)  # with specials: they pass through
     peak = x[torch.isfinite(x)].abs().max().double()
     for magnitude in (1e-36, 1e-38, 3e-41):
@@ -173,7 +177,7 @@ def test_compiled_te_on_tiny_tensors_is_bit_exact(monkeypatch):
 
         def quantize(tensor=tensor):
             zeros = torch.zeros((), dtype=torch.int64)
-            return quantize_block(tensor, rounding=rounding, seed=9, count_zeros_into=zeros, **options), zeros
+            return quantize_block(tensor, fmt, seed=9, count_zeros_into=zeros), zeros
 
         (eager, eager_zeros), (compiled, compiled_zeros) = _both(monkeypatch, quantize)
         assert same_bits(compiled, eager) and int(compiled_zeros) == int(eager_zeros), magnitude
@@ -218,21 +222,25 @@ def test_a_pair_of_block_quantizations_is_the_two_calls(monkeypatch, compiled):
     g = lognormal_gradient((8, 48, 5, 3), sigma=2.0).contiguous(memory_format=torch.channels_last)
     g[0, 0, 0, 0] = float("inf")
     weight = g.movedim(1, 0).reshape(48, -1)
-    first = {"x": weight, "element": "e2m1fn", "rounding": "stochastic", "hadamard": 16, "seed": 4}
-    second = {"x": g, "element": "e2m1fn", "block_size": 16, "scale": "e4m3fn", "axis": 1, "seed": 5}
+    first = {"element": "e2m1fn", "rounding": "stochastic", "hadamard": 16}
+    second = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}
+    formats = (BlockFormat(**first), BlockFormat(**second))
+    axes, seeds = (-1, 1), (4, 5)
     counters = [torch.zeros((), dtype=torch.int64) for _ in range(4)]
     pair = quantize_block_pair(
-        {**first, "count_zeros_into": counters[0]}, {**second, "count_zeros_into": counters[1]}
+        (weight, g), formats, axes=axes, seeds=seeds, count_zeros_into=(counters[0], counters[1])
     )
     alone = (
-        quantize_block(**first, count_zeros_into=counters[2]),
-        quantize_block(**second, count_zeros_into=counters[3]),
+        quantize_block(weight, formats[0], axis=axes[0], seed=seeds[0], count_zeros_into=counters[2]),
+        quantize_block(g, formats[1], axis=axes[1], seed=seeds[1], count_zeros_into=counters[3]),
     )
     for together, single in zip(pair, alone, strict=True):
         assert same_bits(together, single) and together.stride() == single.stride()
     assert [int(c) for c in counters[:2]] == [int(c) for c in counters[2:]]
     with pytest.raises(TypeError, match="unexpected keyword argument 'hadamrd'"):
-        quantize_block_pair({**first, "hadamrd": 16}, second)
+        BlockFormat(**{**first, "hadamrd": 16})
+    with pytest.raises(ValueError, match="shorter"):  # each per-copy argument a pair
+        quantize_block_pair((weight, g), formats, axes=(-1,))
 
 
 @pytest.mark.parametrize("policy", ["mxfp4", "nvidia_nvfp4"])

@@ -80,6 +80,12 @@ Stochastic rounding is unbiased only where nothing saturates: under ``floor`` a 
 clipped to max_value and E[out] < x there (about 1.3 % of the gradient's magnitude for MXFP4). So
 `default_rule` takes ``ceil`` for stochastic rounding, and `check_rule` refuses ``floor`` with it.
 
+A format also says how values are rounded to it: ``rounding`` (nearest, ties to even, or stochastic) and
+``hadamard`` (0, or the size of a random Hadamard transform applied to each group of that many elements of a
+block before the scales are taken, and undone after; ``signs=False``: without its random signs, the
+Walsh-Hadamard transform). `gradcomp.ops.quantize_block` takes the whole format as one value: checked once,
+hashable, compared by value.
+
 Bits per element: the element's plus the scale's 8 bits shared by the block, plus an outer block's float32
 shared by its elements (NVFP4's one float32 per tensor is neglected).
 """
@@ -93,7 +99,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from gradcomp.choices import BLOCK_SCALES, MAX_BLOCK, MAX_OUTER, SCALE_RULES, is_integer
+from gradcomp.choices import BLOCK_SCALES, MAX_BLOCK, MAX_OUTER, ROUNDINGS, SCALE_RULES, choose, is_integer
 from gradcomp.formats import DTYPE_FORMATS, DTYPE_LOOKALIKES, FPFormat, parse_format
 
 SCALE_BITS = 8  # every scale format
@@ -112,8 +118,11 @@ class BlockFormat:
     element: FPFormat | str
     block_size: int = 32
     scale: str = "e8m0fnu"
-    rule: str = "floor"
+    rule: str | None = None  # None: the rounding's (`default_rule`)
     outer: int = 0  # the float32 scale's span along the axis (two-level scales; 0: the whole tensor)
+    rounding: str = "nearest"
+    hadamard: int = 0  # the random Hadamard transform's size (0: none)
+    signs: bool = True  # the transform's random signs (False: all +1, the Walsh-Hadamard transform)
     _element: FPFormat = field(init=False, repr=False, compare=False)
     # constants of the element's largest value, computed once (compiled chunk functions read, not compute)
     _max_mantissa: int = field(init=False, repr=False, compare=False)
@@ -146,18 +155,20 @@ class BlockFormat:
             )
         if self.scale not in BLOCK_SCALES:
             raise ValueError(f"scale must be one of {BLOCK_SCALES}, got {self.scale!r}")
+        choose("rounding", self.rounding, ROUNDINGS)
+        object.__setattr__(self, "rule", check_rule(self.rule, self.rounding))
         if self.rule not in SCALE_RULES:
-            raise ValueError(f"scale_rule must be one of {SCALE_RULES}, got {self.rule!r}")
+            raise ValueError(f"rule must be one of {SCALE_RULES}, got {self.rule!r}")
         if self.rule == "reciprocal" and not self.per_tensor:
             raise ValueError(
-                "scale_rule='reciprocal' rounds a two-level format's block scale reciprocal: it takes scale "
+                "rule='reciprocal' rounds a two-level format's block scale reciprocal: it takes scale "
                 "'e4m3fn', 'float8_e3m4' or 'e5m3fnu'"
             )
         if self.rule == "te" and self.scale != "e4m3fn":  # TE's constants are E4M3's
-            raise ValueError("scale_rule='te' is Transformer Engine's NVFP4 cast: it takes scale='e4m3fn'")
+            raise ValueError("rule='te' is Transformer Engine's NVFP4 cast: it takes scale='e4m3fn'")
         if self.rule == "four_over_six" and (self.scale != "e4m3fn" or fmt.max_value != 6.0):
             raise ValueError(
-                "scale_rule='four_over_six' maps an NVFP4 block's largest value to 6 or 4: it takes "
+                "rule='four_over_six' maps an NVFP4 block's largest value to 6 or 4: it takes "
                 "scale='e4m3fn' and an element of largest value 6 (e2m1fn)"
             )
         if self.outer and not (
@@ -175,9 +186,18 @@ class BlockFormat:
             self.scale != "e8m0fnu" or element.emax < 2 or element.max_value < 1.5 * 2.0**element.emax
         ):
             raise ValueError(
-                "scale_rule='three_quarters' takes scale='e8m0fnu' and an element with emax >= 2 whose "
+                "rule='three_quarters' takes scale='e8m0fnu' and an element with emax >= 2 whose "
                 "largest value is at least 1.5 * 2^emax (where 3/4 of a block's largest value lands at most)"
             )
+        self._check_transform()
+
+    def _check_transform(self) -> None:
+        if not isinstance(self.signs, bool):
+            raise ValueError(f"signs must be True (random) or False (all +1), got {self.signs!r}")
+        if self.hadamard:
+            check_transform_size(self.hadamard, self.block_size)
+        elif not self.signs:
+            raise ValueError("signs=False sets the Hadamard transform's signs: give hadamard too")
 
     @property
     def element_format(self) -> FPFormat:
@@ -249,10 +269,12 @@ class BlockFormat:
 
     @property
     def label(self) -> str:
-        """The preset's name where the format is one (``MXFP4``, ``NVFP4``), else e.g. ``E3M2/64 E8M0``."""
+        """The element and scale formats: the preset's name where they are one's (``MXFP4``, ``NVFP4``), else
+        e.g. ``E3M2/64 E8M0``, and the rule where not floor (rounding and transform: the policy's label)."""
         outer = f" outer {self.outer}" if self.outer else ""
+        storage = (self.element, self.block_size, self.scale)
         for name, preset in PRESETS.items():
-            if preset == dataclasses.replace(self, rule="floor", outer=0):
+            if (preset.element, preset.block_size, preset.scale) == storage:
                 return name.upper() + RULE_LABELS[self.rule] + outer
         fmt = self._element
         scale = SCALE_LABELS[self.scale] + RULE_LABELS[self.rule]
@@ -297,8 +319,8 @@ def check_rule(rule: str | None, rounding: str) -> str:
         return default_rule(rounding)
     if rule == "floor" and rounding == "stochastic":
         raise ValueError(
-            "scale_rule='floor' saturates each block's largest values, so stochastic rounding would be "
-            "biased (E[out] < x); use scale_rule='ceil' (the default for stochastic rounding)"
+            "rule='floor' saturates each block's largest values, so stochastic rounding would be "
+            "biased (E[out] < x); use rule='ceil' (the default for stochastic rounding)"
         )
     return rule
 
@@ -338,3 +360,12 @@ PRESETS: dict[str, BlockFormat] = {
     "mxfp4": BlockFormat("e2m1fn"),
     "nvfp4": BlockFormat("e2m1fn", 16, "e4m3fn"),
 }
+
+
+def as_block_format(fmt: BlockFormat | str) -> BlockFormat:
+    """`fmt`, or the preset of that name (`PRESETS`)."""
+    if isinstance(fmt, BlockFormat):
+        return fmt
+    if isinstance(fmt, str) and fmt.strip().lower() in PRESETS:
+        return PRESETS[fmt.strip().lower()]
+    raise ValueError(f"a block format is a BlockFormat or a preset's name {tuple(PRESETS)}, got {fmt!r}")

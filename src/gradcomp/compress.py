@@ -23,6 +23,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend
+from gradcomp.block_format import BlockFormat
 from gradcomp.choices import KERNEL_DTYPES, integer
 from gradcomp.formats import FPFormat
 from gradcomp.lognormal import cosine_threshold, expected_sparsity, fit_lognormal, truncation_k
@@ -472,14 +473,15 @@ def _nm(policy: NM, copy: GradientCopy, stats: LayerStats) -> Tensor:
 def _block(policy: Block, copy: GradientCopy, stats: LayerStats) -> Tensor:
     """Blocks along the reduction axis of the copy's GEMM: the output features for the input gradient, the
     other axes (flattened) for the weight gradient; each copy with its own settings (`Block.copy`)."""
-    return _block_result(copy, quantize_block(**_block_arguments(policy, copy)))
+    return _block_result(copy, quantize_block(*_block_arguments(policy, copy), copy.backend, copy.zeros))
 
 
 def _block_pair(
     policy: Block, weight: GradientCopy, inputs: GradientCopy, stats: LayerStats
 ) -> tuple[Tensor, Tensor]:
     """`_block` of both copies of one gradient, quantized together (`quantize_block_pair`)."""
-    out = quantize_block_pair(_block_arguments(policy, weight), _block_arguments(policy, inputs))
+    arguments = zip(_block_arguments(policy, weight), _block_arguments(policy, inputs), strict=True)
+    out = quantize_block_pair(*arguments, weight.backend, (weight.zeros, inputs.zeros))
     return _block_result(weight, out[0]), _block_result(inputs, out[1])
 
 
@@ -493,28 +495,14 @@ def pair_compressor(policy: Policy) -> Callable[..., tuple[Tensor, Tensor]] | No
     return _PAIR_COMPRESSORS.get(type(policy))
 
 
-def _block_arguments(policy: Block, copy: GradientCopy) -> dict:
-    """quantize_block's arguments for one copy (`block_layout`'s tensor and axis)."""
+def _block_arguments(policy: Block, copy: GradientCopy) -> tuple[Tensor, BlockFormat, int, int, int | None]:
+    """quantize_block's tensor, format, axis, seed and sign seed for one copy (`block_layout`'s tensor and
+    axis; the sign seed of the copy's sign mode: None for a fresh one with each call's seed, or none)."""
     settings = policy.copy(copy.weight_path)
     fmt = settings.format
-    sources = {"call": "seed", "step": copy.step_seed, "run": copy.run_seed, "none": "none"}
-    signs = sources[settings.signs] if settings.hadamard else "seed"  # a copy without a transform: none
+    sign_seed = {"step": copy.step_seed, "run": copy.run_seed}.get(settings.signs) if fmt.hadamard else None
     laid_out, axis = block_layout(copy.g, copy.weight_path, copy.feature_axis)
-    return {
-        "x": laid_out,
-        "element": fmt.element,
-        "block_size": fmt.block_size,
-        "scale": fmt.scale,
-        "axis": axis,
-        "rounding": settings.rounding,
-        "seed": copy.seed,
-        "scale_rule": fmt.rule,
-        "hadamard": settings.hadamard,
-        "backend": copy.backend,
-        "count_zeros_into": copy.zeros,
-        "signs": signs,
-        "outer": fmt.outer,
-    }
+    return laid_out, fmt, axis, copy.seed, sign_seed
 
 
 def _block_result(copy: GradientCopy, out: Tensor) -> Tensor:

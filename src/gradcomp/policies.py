@@ -22,7 +22,7 @@ from typing import Any, ClassVar
 import yaml
 
 from gradcomp.block_format import PRESETS as BLOCK_PRESETS
-from gradcomp.block_format import BlockFormat, check_rule, check_transform_size
+from gradcomp.block_format import BlockFormat
 from gradcomp.choices import (
     ESTIMATORS,
     FITS,
@@ -516,13 +516,21 @@ class Integer(Policy):
 
 @dataclass(frozen=True)
 class BlockCopy:
-    """How a block policy quantizes one copy of the gradient: its format (the scale rule may differ by
-    rounding), rounding, transform size (0: none) and the transform's sign mode (`SIGN_MODES`)."""
+    """How a block policy quantizes one copy of the gradient: its format (with its rounding and transform;
+    the scale rule may differ by rounding) and the transform's sign mode (`SIGN_MODES`: where its seed
+    comes from)."""
 
     format: BlockFormat
-    rounding: str
-    hadamard: int
     signs: str
+
+    @property
+    def rounding(self) -> str:
+        return self.format.rounding
+
+    @property
+    def hadamard(self) -> int:
+        """The transform's size (0: none)."""
+        return self.format.hadamard
 
     @property
     def label(self) -> str:
@@ -601,12 +609,12 @@ class Block(Policy):
             )
 
     def _copy(self, rounding: str, hadamard: int, signs: str) -> BlockCopy:
-        choose("rounding", rounding, ROUNDINGS)
         choose("signs", signs, SIGN_MODES)
-        fmt = BlockFormat(self.element, self.block, self.scale, check_rule(self.rule, rounding), self.outer)
-        if hadamard:
-            check_transform_size(hadamard, self.block)
-        return BlockCopy(fmt, rounding, hadamard, signs)
+        fmt = BlockFormat(
+            self.element, self.block, self.scale, self.rule, self.outer, rounding, hadamard,
+            signs=not (hadamard and signs == "none"),
+        )  # fmt: skip
+        return BlockCopy(fmt, signs)
 
     def copy(self, weight_path: bool) -> BlockCopy:
         """The settings of the weight-gradient copy (weight_path) or of the input-gradient one."""

@@ -183,9 +183,10 @@ def family_errors(settings: BlockTheory | ScaleFormats, group: RunGroup, arms: d
                 mu2, sigma2, nonzero = fit
                 energy = float(g.double().square().sum())
                 for name, policy in arms.items():
-                    fmt, hadamard = policy.format, policy.hadamard
+                    fmt = dataclasses.replace(policy.format, rounding="nearest")  # C2 measures nearest
+                    hadamard = fmt.hadamard
                     block_axis = axis if g.dim() > 1 else -1
-                    measured = block_errors(g, fmt, "nearest", hadamard, axis=block_axis)
+                    measured = block_errors(g, fmt, axis=block_axis)
                     predicted = _predicted(fmt, *_rounded(mu2, sigma2), bool(hadamard), g.numel())
                     _accumulate(totals[name], measured, predicted, nonzero, g.numel(), energy)
                     levels = _levels(g, fmt, block_axis)

@@ -2,9 +2,16 @@
 tiles of whole blocks (rows of block_size elements), so that the result is the same bit for bit. MX is one
 launch. The two-level formats (NVFP4) need the tensor's largest magnitude (after the transform) before any
 block: the same kernel first writes one maximum per program, one program turns them into the per-tensor
-scale, and the kernel runs again to quantize."""
+scale, and the kernel runs again to quantize.
+
+The kernel sees the format as a few constexprs derived from the `BlockFormat` once (`_constants`, cached by
+value): the scale rule as one code (`RULES`), the element's and the scale's constants and the transform's,
+each a named tuple; each rule's arithmetic is a `@triton.jit` helper of its own."""
 
 from __future__ import annotations
+
+import functools
+from typing import NamedTuple
 
 import torch
 import triton
@@ -20,7 +27,7 @@ from gradcomp.block_format import (
     transform_norm,
 )
 from gradcomp.kernels.floats import to_storage
-from gradcomp.kernels.fp_quant import _round_magnitude, _rounding_constants
+from gradcomp.kernels.fp_quant import Grid, round_magnitude
 from gradcomp.kernels.hadamard import butterfly, transform_signs
 from gradcomp.kernels.rng import random_uint32
 from gradcomp.profiling import launch
@@ -31,25 +38,89 @@ TILE = 2048  # elements per program
 PARTIALS_BLOCK = 1024
 FLOAT32 = compute_layout(torch.float32)
 
+# The scale rule of a (scale kind, rule) as the kernel's one code: the MX rules below TWO_LEVEL, the
+# two-level ones from it, those whose scales come from the tensor's largest magnitude (TE's, Four Over
+# Six's) from TE.
+RULES = {
+    ("mx", "floor"): 0,
+    ("mx", "ceil"): 1,
+    ("mx", "three_quarters"): 2,
+    ("two_level", "floor"): 3,
+    ("two_level", "ceil"): 4,
+    ("two_level", "reciprocal"): 5,
+    ("two_level", "te"): 6,
+    ("two_level", "four_over_six"): 7,
+}
+MX_CEIL = tl.constexpr(RULES["mx", "ceil"])
+THREE_QUARTERS = tl.constexpr(RULES["mx", "three_quarters"])
+TWO_LEVEL = tl.constexpr(RULES["two_level", "floor"])
+TWO_LEVEL_CEIL = tl.constexpr(RULES["two_level", "ceil"])
+RECIPROCAL = tl.constexpr(RULES["two_level", "reciprocal"])
+TE = tl.constexpr(RULES["two_level", "te"])
+FOUR_OVER_SIX = tl.constexpr(RULES["two_level", "four_over_six"])
+F32_MAX = tl.constexpr(FLOAT32_MAX)
+ENCODE_4_6 = tl.constexpr(FOUR_OVER_SIX_ENCODE)
+
+
+class Element(NamedTuple):
+    """The element format's constants: its largest value, emax, the 23 mantissa bits of its largest value,
+    whether it has -0, its rounding, and TE's constants of its largest value."""
+
+    max_value: float
+    emax: int
+    max_mantissa: int
+    negative_zero: bool
+    grid: Grid
+    te_encode: float
+    te_reciprocal: float
+    te_decode: float
+
+
+class Scale(NamedTuple):
+    """A two-level format's block-scale constants: the clamp range, the ulp's bits (``ceil``), the
+    per-tensor scale's floor, the ``reciprocal`` rule's constant and the scale format's rounding."""
+
+    minimum: float
+    maximum: float
+    ulp: int
+    tensor_floor: float
+    reciprocal_constant: float
+    grid: Grid
+
+
+class Transform(NamedTuple):
+    """The Hadamard transform's constants: its size (0: none), log2 of it, 1/sqrt(size), the block maximum
+    from which a block is prescaled, the prescale and its inverse, whether its signs are random, and their
+    counter offset."""
+
+    size: int
+    stages: int
+    norm: float
+    big: float
+    down: float
+    up: float
+    signs: bool
+    sign_counter: int
+
 
 @triton.jit
-def _transformed(values, finite, s0, s1, ROWS: tl.constexpr, SIZE: tl.constexpr, H: tl.constexpr,
-                 H_STAGES: tl.constexpr, H_NORM: tl.constexpr, H_BIG: tl.constexpr, H_DOWN: tl.constexpr,
-                 H_UP: tl.constexpr, SIGNS: tl.constexpr, SIGN_COUNTER: tl.constexpr):  # fmt: skip
+def _transformed(values, finite, s0, s1, ROWS: tl.constexpr, SIZE: tl.constexpr, T: tl.constexpr):
     """(the values the scales are taken of, where the output is computed, the signs, each block's 2^P or 1):
-    the transform of each group of H with only finite values (blocks prescaled as `prescales` says), or the
-    finite values themselves."""
-    if H > 0:
-        groups = tl.reshape(finite.to(tl.int32), [ROWS * SIZE // H, H])
-        whole = tl.reshape(tl.broadcast_to(tl.min(groups, 1)[:, None], [ROWS * SIZE // H, H]), [ROWS, SIZE])
+    the transform of each group of T.size with only finite values (blocks prescaled as `prescales` says),
+    or the finite values themselves."""
+    if T.size > 0:
+        groups = tl.reshape(finite.to(tl.int32), [ROWS * SIZE // T.size, T.size])
+        whole = tl.reshape(
+            tl.broadcast_to(tl.min(groups, 1)[:, None], [ROWS * SIZE // T.size, T.size]), [ROWS, SIZE]
+        )
         finite = whole != 0
-        signs = transform_signs(tl.arange(0, H), s0, s1, SIGNS, SIGN_COUNTER)[None, :]
+        signs = transform_signs(tl.arange(0, T.size), s0, s1, T.signs, T.sign_counter)[None, :]
         kept = tl.where(finite, values, 0.0)
-        big = tl.max(tl.abs(kept), 1)[:, None] >= H_BIG
-        unscale = tl.where(big, H_UP, 1.0)
-        zeroed = tl.reshape(kept * tl.where(big, H_DOWN, 1.0), [ROWS * SIZE // H, H])
+        big = tl.max(tl.abs(kept), 1)[:, None] >= T.big
+        unscale = tl.where(big, T.up, 1.0)
+        zeroed = tl.reshape(kept * tl.where(big, T.down, 1.0), [ROWS * SIZE // T.size, T.size])
         transformed = tl.reshape(
-            butterfly(zeroed * signs, ROWS * SIZE // H, H, H_STAGES, H_NORM), [ROWS, SIZE]
+            butterfly(zeroed * signs, ROWS * SIZE // T.size, T.size, T.stages, T.norm), [ROWS, SIZE]
         )
     else:
         signs = 1.0
@@ -74,54 +145,14 @@ def _block_kernel(
     zeros_ptr,
     SIZE: tl.constexpr,
     ROWS: tl.constexpr,
-    H: tl.constexpr,
-    H_STAGES: tl.constexpr,
-    H_NORM: tl.constexpr,
-    H_BIG: tl.constexpr,
-    H_DOWN: tl.constexpr,
-    H_UP: tl.constexpr,
-    SIGNS: tl.constexpr,
-    SIGN_COUNTER: tl.constexpr,
-    MAXIMA_ONLY: tl.constexpr,
-    TE: tl.constexpr,
-    FOUR_OVER_SIX: tl.constexpr,
-    TENSOR_MAX: tl.constexpr,
     STAGES: tl.constexpr,
-    THREE_QUARTERS: tl.constexpr,
-    TE_ENCODE: tl.constexpr,
-    TE_RECIPROCAL: tl.constexpr,
-    TE_DECODE: tl.constexpr,
-    FLOAT32_MAX: tl.constexpr,
-    PER_TENSOR: tl.constexpr,
+    RULE: tl.constexpr,
+    ELEMENT: tl.constexpr,
+    SCALE: tl.constexpr,
+    TRANSFORM: tl.constexpr,
     OUTER_ROWS: tl.constexpr,
-    TENSOR_FLOOR: tl.constexpr,
-    EMAX: tl.constexpr,
-    CEIL: tl.constexpr,
-    RECIPROCAL: tl.constexpr,
-    RECIPROCAL_CONSTANT: tl.constexpr,
-    MAX_MANTISSA: tl.constexpr,
-    MAX_VALUE: tl.constexpr,
-    DISCARD: tl.constexpr,
-    TIE_OFFSET: tl.constexpr,
-    MIN_NORMAL_BITS: tl.constexpr,
-    MAGIC: tl.constexpr,
-    TO_Q0: tl.constexpr,
-    TO_Q1: tl.constexpr,
-    FROM_Q0: tl.constexpr,
-    FROM_Q1: tl.constexpr,
-    S_DISCARD: tl.constexpr,
-    S_TIE_OFFSET: tl.constexpr,
-    S_MIN_NORMAL_BITS: tl.constexpr,
-    S_MAGIC: tl.constexpr,
-    S_TO_Q0: tl.constexpr,
-    S_TO_Q1: tl.constexpr,
-    S_FROM_Q0: tl.constexpr,
-    S_FROM_Q1: tl.constexpr,
-    S_ULP: tl.constexpr,
-    SCALE_MIN: tl.constexpr,
-    SCALE_MAX: tl.constexpr,
-    NEGATIVE_ZERO: tl.constexpr,
     OUT_MAX: tl.constexpr,
+    MAXIMA_ONLY: tl.constexpr,
     COUNT_ZEROS: tl.constexpr,
     STOCHASTIC: tl.constexpr,
 ):
@@ -132,132 +163,146 @@ def _block_kernel(
     raw = tl.load(x_ptr + offsets, mask=inside, other=0.0)
     values = raw.to(tl.float32)
     transformed, finite, signs, unscale = _transformed(
-        values, tl.abs(values) < float("inf"), s0, s1, ROWS, SIZE, H, H_STAGES, H_NORM, H_BIG, H_DOWN, H_UP,
-        SIGNS, SIGN_COUNTER,
-    )  # fmt: skip
+        values, tl.abs(values) < float("inf"), s0, s1, ROWS, SIZE, TRANSFORM
+    )
     magnitude = tl.abs(transformed)
     amax = tl.max(magnitude, 1)[:, None]
     if MAXIMA_ONLY:  # the per-tensor scale's candidates, of the blocks as they are (not prescaled)
-        if TENSOR_MAX:  # the tensor's largest magnitude (TE, Four Over Six)
+        if RULE >= TE:  # the tensor's largest magnitude
             tl.store(partial_ptr + tl.program_id(0), tl.max(amax))
         else:
-            tl.store(
-                partial_ptr + tl.program_id(0),
-                tl.max(tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale),
-            )
-    elif FOUR_OVER_SIX:
-        largest = tl.load(tensor_scale_ptr)
-        unclamped = tl.math.div_rn(tl.zeros_like(largest) + FOUR_OVER_SIX_ENCODE, largest)
-        encode = tl.minimum(unclamped, FLOAT32_MAX)
-        decode = tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
-        six = tl.math.div_rn(amax, MAX_VALUE) * encode
-        random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
-        out6, scale6, error6 = _four_over_six_candidate(
-            magnitude, six, decode, unclamped, largest, random, ROWS, SIZE, FLOAT32_MAX, STAGES, MAX_VALUE,
-            DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD,
-            S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
-        )  # fmt: skip
-        out4, scale4, error4 = _four_over_six_candidate(
-            magnitude, six * 1.5, decode, unclamped, largest, random, ROWS, SIZE, FLOAT32_MAX, STAGES,
-            MAX_VALUE, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC, TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, S_DISCARD,
-            S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, STOCHASTIC,
-        )  # fmt: skip
-        four = error4 < error6
-        # a block at a zero scale has +0 elements (the authors' code): no sign to keep
-        transformed = tl.where(tl.where(four, scale4, scale6) > 0.0, transformed, 0.0)
-        _finish(
-            tl.where(four, out4, out6), transformed, values, raw, finite, signs, unscale, offsets, inside,
-            rows, columns, row_blocks, length, out_ptr, zeros_ptr, ROWS, SIZE, H, H_STAGES, H_NORM,
-            NEGATIVE_ZERO, OUT_MAX, COUNT_ZEROS,
-        )  # fmt: skip
+            ratio = tl.math.div_rn(amax, ELEMENT.max_value * SCALE.maximum) * unscale
+            tl.store(partial_ptr + tl.program_id(0), tl.max(ratio))
     else:
-        if TE:
-            largest = tl.load(tensor_scale_ptr)
-            unclamped = tl.math.div_rn(tl.zeros_like(largest) + TE_ENCODE, largest)
-            encode = tl.minimum(unclamped, FLOAT32_MAX)
-            encode = tl.where((largest > 0.0) & (encode > 0.0), encode, 1.0)
-            block_scale = tl.minimum(amax * (encode * TE_RECIPROCAL), SCALE_MAX)
-            block_scale = _round_magnitude(
-                block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
-                S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
-            )  # fmt: skip
-            product = block_scale * tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
-            inverse = tl.math.div_rn(tl.zeros_like(product) + 1.0, product)
-            scaled = magnitude * tl.minimum(inverse, FLOAT32_MAX)
-            total = block_scale * largest * TE_DECODE
-            total = tl.where(tl.abs(total) < float("inf"), total, block_scale * (largest * TE_DECODE))
-            clamped, reciprocal = _clamped(block_scale, unclamped, product, inverse, FLOAT32_MAX)
-            total = tl.where(clamped, reciprocal, total)
-        elif PER_TENSOR:
-            if OUTER_ROWS > 0:  # each outer block's float32 scale from its rows (whole within the tile)
-                ratio = tl.math.div_rn(amax, MAX_VALUE * SCALE_MAX) * unscale
-                groups = tl.max(tl.reshape(ratio, [ROWS // OUTER_ROWS, OUTER_ROWS]), 1)[:, None]
-                groups = tl.broadcast_to(tl.maximum(groups, TENSOR_FLOOR), [ROWS // OUTER_ROWS, OUTER_ROWS])
-                tensor_scale = tl.reshape(groups, [ROWS, 1])
-            else:
-                tensor_scale = tl.load(tensor_scale_ptr)
-            block_scale = tl.math.div_rn(tl.math.div_rn(amax, MAX_VALUE), tensor_scale) * unscale
-            if RECIPROCAL:  # the reciprocal clamped and rounded; a zero block's (inf) clamps to SCALE_MAX
-                reciprocal = tl.math.div_rn(tl.zeros_like(block_scale) + RECIPROCAL_CONSTANT, block_scale)
-                reciprocal = _round_magnitude(
-                    tl.minimum(tl.maximum(reciprocal, SCALE_MIN), SCALE_MAX), 0, S_DISCARD, S_TIE_OFFSET,
-                    S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
-                )  # fmt: skip
-                block_scale = tl.math.div_rn(tl.zeros_like(reciprocal) + RECIPROCAL_CONSTANT, reciprocal)
-            else:
-                block_scale = tl.minimum(tl.maximum(block_scale, SCALE_MIN), SCALE_MAX)
-                if CEIL:
-                    block_scale = ((block_scale.to(tl.int32, bitcast=True) + (S_ULP - 1)) & -S_ULP).to(
-                        tl.float32, bitcast=True
-                    )
-                else:
-                    block_scale = _round_magnitude(
-                        block_scale, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC,
-                        S_TO_Q0, S_TO_Q1, S_FROM_Q0, S_FROM_Q1, False,
-                    )  # fmt: skip
-            total = tl.math.div_rn(tensor_scale * block_scale, unscale)
-            scaled = tl.math.div_rn(magnitude, total)
-        else:
-            normal = amax >= 1.1754943508222875e-38
-            bits = tl.where(normal, amax, amax * 16777216.0).to(tl.int32, bitcast=True)
-            exponent = (bits >> 23) - tl.where(normal, 127, 151) - EMAX
-            if CEIL:
-                exponent += ((bits & 0x7FFFFF) > MAX_MANTISSA).to(tl.int32)
-            exponent = tl.minimum(tl.maximum(tl.where(amax > 0.0, exponent, -127), -127), 127)
-            if THREE_QUARTERS:
-                exponent += 2
-                scaled = magnitude * _power_of_two(-exponent) * 3.0
-            else:
-                scaled = magnitude * _power_of_two(-exponent)
-            total = _power_of_two(exponent)
         random = random_uint32(offsets, k0, k1) if STOCHASTIC else 0
-        rounded = _round_magnitude(
-            tl.minimum(scaled, MAX_VALUE), random, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC,
-            TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, STOCHASTIC,
-        )  # fmt: skip
-        if THREE_QUARTERS:
-            rounded = tl.math.div_rn(rounded, tl.zeros_like(rounded) + 3.0)
+        if RULE == FOUR_OVER_SIX:
+            out, scale = _four_over_six(
+                magnitude, amax, tl.load(tensor_scale_ptr), random, ROWS, SIZE, STAGES, ELEMENT, SCALE,
+                STOCHASTIC,
+            )  # fmt: skip
+            # a block at a zero scale has +0 elements (the authors' code): no sign to keep
+            transformed = tl.where(scale > 0.0, transformed, 0.0)
+        else:
+            if RULE == TE:
+                scaled, total = _te_scales(magnitude, amax, tl.load(tensor_scale_ptr), ELEMENT, SCALE)
+            elif RULE >= TWO_LEVEL:
+                scaled, total = _two_level_scales(
+                    magnitude, amax, unscale, tensor_scale_ptr, ROWS, RULE, OUTER_ROWS, ELEMENT, SCALE
+                )
+            else:
+                scaled, total = _mx_scales(magnitude, amax, RULE, ELEMENT)
+            rounded = round_magnitude(tl.minimum(scaled, ELEMENT.max_value), random, ELEMENT.grid, STOCHASTIC)
+            if RULE == THREE_QUARTERS:
+                rounded = tl.math.div_rn(rounded, tl.zeros_like(rounded) + 3.0)
+            out = rounded * total
         _finish(
-            rounded * total, transformed, values, raw, finite, signs, unscale, offsets, inside, rows, columns,
-            row_blocks, length, out_ptr, zeros_ptr, ROWS, SIZE, H, H_STAGES, H_NORM, NEGATIVE_ZERO, OUT_MAX,
-            COUNT_ZEROS,
+            out, transformed, values, raw, finite, signs, unscale, offsets, inside, rows, columns, row_blocks,
+            length, out_ptr, zeros_ptr, ROWS, SIZE, TRANSFORM, ELEMENT.negative_zero, OUT_MAX, COUNT_ZEROS,
         )  # fmt: skip
 
 
 @triton.jit
+def _mx_scales(magnitude, amax, RULE: tl.constexpr, ELEMENT: tl.constexpr):
+    """OCP MX's power-of-two scales (floor, ceil, three_quarters; `gradcomp.ops.block.mx_exponent`): (the
+    magnitudes in units of the block's scale, the scale)."""
+    normal = amax >= 1.1754943508222875e-38
+    bits = tl.where(normal, amax, amax * 16777216.0).to(tl.int32, bitcast=True)
+    exponent = (bits >> 23) - tl.where(normal, 127, 151) - ELEMENT.emax
+    if RULE == MX_CEIL:
+        exponent += ((bits & 0x7FFFFF) > ELEMENT.max_mantissa).to(tl.int32)
+    exponent = tl.minimum(tl.maximum(tl.where(amax > 0.0, exponent, -127), -127), 127)
+    if RULE == THREE_QUARTERS:
+        exponent += 2
+        scaled = magnitude * _power_of_two(-exponent) * 3.0
+    else:
+        scaled = magnitude * _power_of_two(-exponent)
+    return scaled, _power_of_two(exponent)
+
+
+@triton.jit
+def _two_level_scales(magnitude, amax, unscale, tensor_scale_ptr, ROWS: tl.constexpr, RULE: tl.constexpr,
+                      OUTER_ROWS: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr):  # fmt: skip
+    """torchao's two-level scales (floor, ceil, reciprocal; `gradcomp.ops.block._two_level_scales`): (the
+    magnitudes in units of the block's total scale, that scale); the float32 scale per tensor (read) or per
+    outer block of OUTER_ROWS rows (whole within the tile)."""
+    if OUTER_ROWS > 0:
+        ratio = tl.math.div_rn(amax, ELEMENT.max_value * SCALE.maximum) * unscale
+        groups = tl.max(tl.reshape(ratio, [ROWS // OUTER_ROWS, OUTER_ROWS]), 1)[:, None]
+        groups = tl.broadcast_to(tl.maximum(groups, SCALE.tensor_floor), [ROWS // OUTER_ROWS, OUTER_ROWS])
+        tensor_scale = tl.reshape(groups, [ROWS, 1])
+    else:
+        tensor_scale = tl.load(tensor_scale_ptr)
+    block_scale = tl.math.div_rn(tl.math.div_rn(amax, ELEMENT.max_value), tensor_scale) * unscale
+    if RULE == RECIPROCAL:  # the reciprocal clamped and rounded; a zero block's (inf) clamps to the maximum
+        reciprocal = tl.math.div_rn(tl.zeros_like(block_scale) + SCALE.reciprocal_constant, block_scale)
+        reciprocal = round_magnitude(
+            tl.minimum(tl.maximum(reciprocal, SCALE.minimum), SCALE.maximum), 0, SCALE.grid, False
+        )
+        block_scale = tl.math.div_rn(tl.zeros_like(reciprocal) + SCALE.reciprocal_constant, reciprocal)
+    else:
+        block_scale = tl.minimum(tl.maximum(block_scale, SCALE.minimum), SCALE.maximum)
+        if RULE == TWO_LEVEL_CEIL:
+            block_scale = ((block_scale.to(tl.int32, bitcast=True) + (SCALE.ulp - 1)) & -SCALE.ulp).to(
+                tl.float32, bitcast=True
+            )
+        else:
+            block_scale = round_magnitude(block_scale, 0, SCALE.grid, False)
+    total = tl.math.div_rn(tensor_scale * block_scale, unscale)
+    return tl.math.div_rn(magnitude, total), total
+
+
+@triton.jit
+def _te_scales(magnitude, amax, largest, ELEMENT: tl.constexpr, SCALE: tl.constexpr):
+    """Transformer Engine's NVFP4 cast (`gradcomp.ops.block._te_scales`): (the magnitudes times each block's
+    element factor, its decode factor); `largest`: the tensor's largest magnitude."""
+    unclamped = tl.math.div_rn(tl.zeros_like(largest) + ELEMENT.te_encode, largest)
+    encode = tl.minimum(unclamped, F32_MAX)
+    encode = tl.where((largest > 0.0) & (encode > 0.0), encode, 1.0)
+    block_scale = tl.minimum(amax * (encode * ELEMENT.te_reciprocal), SCALE.maximum)
+    block_scale = round_magnitude(block_scale, 0, SCALE.grid, False)
+    product = block_scale * tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
+    inverse = tl.math.div_rn(tl.zeros_like(product) + 1.0, product)
+    scaled = magnitude * tl.minimum(inverse, F32_MAX)
+    total = block_scale * largest * ELEMENT.te_decode
+    total = tl.where(tl.abs(total) < float("inf"), total, block_scale * (largest * ELEMENT.te_decode))
+    clamped, reciprocal = _clamped(block_scale, unclamped, product, inverse)
+    return scaled, tl.where(clamped, reciprocal, total)
+
+
+@triton.jit
+def _four_over_six(magnitude, amax, largest, random, ROWS: tl.constexpr, SIZE: tl.constexpr,
+                   STAGES: tl.constexpr, ELEMENT: tl.constexpr, SCALE: tl.constexpr,
+                   STOCHASTIC: tl.constexpr):  # fmt: skip
+    """Four Over Six (`gradcomp.ops.block._four_over_six`): (the dequantized magnitudes, the E4M3 scale),
+    each block at whichever of its two scales errs less; `largest`: the tensor's largest magnitude."""
+    unclamped = tl.math.div_rn(tl.zeros_like(largest) + ENCODE_4_6, largest)
+    encode = tl.minimum(unclamped, F32_MAX)
+    decode = tl.math.div_rn(tl.zeros_like(encode) + 1.0, encode)
+    six = tl.math.div_rn(amax, ELEMENT.max_value) * encode
+    out6, scale6, error6 = _four_over_six_candidate(
+        magnitude, six, decode, unclamped, largest, random, ROWS, SIZE, STAGES, ELEMENT, SCALE, STOCHASTIC
+    )
+    out4, scale4, error4 = _four_over_six_candidate(
+        magnitude, six * 1.5, decode, unclamped, largest, random, ROWS, SIZE, STAGES, ELEMENT, SCALE,
+        STOCHASTIC,
+    )  # fmt: skip
+    four = error4 < error6
+    return tl.where(four, out4, out6), tl.where(four, scale4, scale6)
+
+
+@triton.jit
 def _finish(out, transformed, values, raw, finite, signs, unscale, offsets, inside, rows, columns, row_blocks,
-            length, out_ptr, zeros_ptr, ROWS: tl.constexpr, SIZE: tl.constexpr, H: tl.constexpr,
-            H_STAGES: tl.constexpr, H_NORM: tl.constexpr, NEGATIVE_ZERO: tl.constexpr, OUT_MAX: tl.constexpr,
-            COUNT_ZEROS: tl.constexpr):  # fmt: skip
+            length, out_ptr, zeros_ptr, ROWS: tl.constexpr, SIZE: tl.constexpr, T: tl.constexpr,
+            NEGATIVE_ZERO: tl.constexpr, OUT_MAX: tl.constexpr, COUNT_ZEROS: tl.constexpr):  # fmt: skip
     """The dequantized magnitudes `out` with the transformed values' signs, transformed back, non-finite
     inputs passed through, stored (and their zeros counted)."""
     sign = transformed.to(tl.int32, bitcast=True) & -2147483648
     if not NEGATIVE_ZERO:
         sign = tl.where(out == 0.0, 0, sign)
     out = (out.to(tl.int32, bitcast=True) | sign).to(tl.float32, bitcast=True)
-    if H > 0:
-        groups = tl.reshape(out, [ROWS * SIZE // H, H])
-        out = signs * butterfly(groups, ROWS * SIZE // H, H, H_STAGES, H_NORM)
+    if T.size > 0:
+        groups = tl.reshape(out, [ROWS * SIZE // T.size, T.size])
+        out = signs * butterfly(groups, ROWS * SIZE // T.size, T.size, T.stages, T.norm)
         out = tl.reshape(out, [ROWS, SIZE]) * unscale
     out = tl.where(finite, tl.minimum(tl.maximum(out, -OUT_MAX), OUT_MAX), values)
     stored = to_storage(out, raw.dtype)
@@ -269,37 +314,24 @@ def _finish(out, transformed, values, raw, finite, signs, unscale, offsets, insi
 
 @triton.jit
 def _four_over_six_candidate(magnitude, high, decode, unclamped, largest, random, ROWS: tl.constexpr,
-                             SIZE: tl.constexpr, FLOAT32_MAX: tl.constexpr, STAGES: tl.constexpr,
-                             MAX_VALUE: tl.constexpr, DISCARD: tl.constexpr,
-                             TIE_OFFSET: tl.constexpr, MIN_NORMAL_BITS: tl.constexpr, MAGIC: tl.constexpr,
-                             TO_Q0: tl.constexpr, TO_Q1: tl.constexpr, FROM_Q0: tl.constexpr,
-                             FROM_Q1: tl.constexpr, S_DISCARD: tl.constexpr, S_TIE_OFFSET: tl.constexpr,
-                             S_MIN_NORMAL_BITS: tl.constexpr, S_MAGIC: tl.constexpr, S_TO_Q0: tl.constexpr,
-                             S_TO_Q1: tl.constexpr, S_FROM_Q0: tl.constexpr, S_FROM_Q1: tl.constexpr,
-                             STOCHASTIC: tl.constexpr):  # fmt: skip
+                             SIZE: tl.constexpr, STAGES: tl.constexpr, ELEMENT: tl.constexpr,
+                             SCALE: tl.constexpr, STOCHASTIC: tl.constexpr):  # fmt: skip
     """One of a block's two Four Over Six scales (`gradcomp.ops.block._four_over_six`): (the dequantized
     magnitudes, the E4M3 scale, each row's sum of squared errors, summed as `pairwise_sum`)."""
-    scale = _round_magnitude(
-        high, 0, S_DISCARD, S_TIE_OFFSET, S_MIN_NORMAL_BITS, S_MAGIC, S_TO_Q0, S_TO_Q1, S_FROM_Q0,
-        S_FROM_Q1, False,
-    )  # fmt: skip
+    scale = round_magnitude(high, 0, SCALE.grid, False)
     decoded = decode * scale
     inverse = tl.math.div_rn(tl.zeros_like(decoded) + 1.0, decoded)
-    scaled = tl.where(scale > 0.0, magnitude * tl.minimum(inverse, FLOAT32_MAX), 0.0)
-    rounded = _round_magnitude(
-        tl.minimum(scaled, MAX_VALUE), random, DISCARD, TIE_OFFSET, MIN_NORMAL_BITS, MAGIC,
-        TO_Q0, TO_Q1, FROM_Q0, FROM_Q1, STOCHASTIC,
-    )  # fmt: skip
+    scaled = tl.where(scale > 0.0, magnitude * tl.minimum(inverse, F32_MAX), 0.0)
+    rounded = round_magnitude(tl.minimum(scaled, ELEMENT.max_value), random, ELEMENT.grid, STOCHASTIC)
     product = rounded * scale
-    out = tl.math.div_rn(product * largest, tl.zeros_like(product) + FOUR_OVER_SIX_ENCODE)
-    other = product * tl.math.div_rn(largest, FOUR_OVER_SIX_ENCODE)
+    out = tl.math.div_rn(product * largest, tl.zeros_like(product) + ENCODE_4_6)
+    other = product * tl.math.div_rn(largest, ENCODE_4_6)
     out = tl.where(tl.abs(out) < float("inf"), out, other)
-    clamped, reciprocal = _clamped(scale, unclamped, decoded, inverse, FLOAT32_MAX)
+    clamped, reciprocal = _clamped(scale, unclamped, decoded, inverse)
     out = tl.where(clamped, rounded * reciprocal, out)
     error = (out - magnitude) * (out - magnitude)
     for stage in tl.static_range(STAGES):  # pairwise, in place: every element ends with its row's sum
-        half: tl.constexpr = 1 << stage
-        pairs = tl.permute(tl.reshape(error, [ROWS, SIZE // (2 * half), 2, half]), (0, 1, 3, 2))
+        pairs = tl.permute(tl.reshape(error, [ROWS, SIZE >> (stage + 1), 2, 1 << stage]), (0, 1, 3, 2))
         first, second = tl.split(pairs)
         pairs = tl.permute(tl.join(first + second, first + second), (0, 1, 3, 2))
         error = tl.reshape(pairs, [ROWS, SIZE])
@@ -307,11 +339,11 @@ def _four_over_six_candidate(magnitude, high, decode, unclamped, largest, random
 
 
 @triton.jit
-def _clamped(block_scale, unclamped, product, inverse, FLOAT32_MAX: tl.constexpr):
+def _clamped(block_scale, unclamped, product, inverse):
     """`gradcomp.ops.block._clamped`: (where a block of non-zero scale was encoded with a clamped encode
     scale or element factor, the reciprocal of its element factor: `product` or 2^-128)."""
-    factor_clamped = inverse > FLOAT32_MAX
-    encode_clamped = (tl.zeros_like(inverse) + unclamped) > FLOAT32_MAX  # a tensor (the interpreter's |)
+    factor_clamped = inverse > F32_MAX
+    encode_clamped = (tl.zeros_like(inverse) + unclamped) > F32_MAX  # a tensor (the interpreter's |)
     clamped = (block_scale > 0.0) & (encode_clamped | factor_clamped)
     reciprocal = tl.where(factor_clamped, 1 << 21, product.to(tl.int32, bitcast=True))  # 2^-128's bits
     return clamped, reciprocal.to(tl.float32, bitcast=True)
@@ -336,9 +368,7 @@ def _tensor_scale_kernel(partial_ptr, programs, out_ptr, FLOOR: tl.constexpr, BL
 def quantize_block_triton(
     blocks: Tensor,
     fmt: BlockFormat,
-    stochastic: bool,
     seed: int,
-    hadamard: int,
     length: int,
     zeros: Tensor | None = None,
     sign_seed: int | None = None,
@@ -348,60 +378,18 @@ def quantize_block_triton(
     from `sign_seed` (None: all +1)."""
     rows_total, size = blocks.shape
     out = torch.empty_like(blocks)
-    element = fmt.element_format
-    plan = RoundingPlan.build(element, FLOAT32)
-    scale_plan = RoundingPlan.build(fmt.scale_format, FLOAT32)  # TE's: E4M3 (block_format)
-    scale_min, scale_max = fmt.scale_range
     rows = max(1, TILE // size)
     programs = triton.cdiv(rows_total, rows)
     k0, k1 = seed_keys(seed)
     s0, s1 = seed_keys(sign_seed) if sign_seed is not None else (0, 0)
-    shift = prescale_shift(hadamard)
-    from_tensor_max = fmt.from_tensor_max  # TE and Four Over Six: no prescale, no floor on the statistic
-    prescaled_from = float("inf") if from_tensor_max else 2.0 ** (127 - shift)
-    te_encode, te_reciprocal, te_decode = fmt.te_constants
     constants = dict(
         SIZE=size,
         ROWS=rows,
-        H=hadamard,
-        H_STAGES=max(hadamard.bit_length() - 1, 0),
-        H_NORM=transform_norm(hadamard) if hadamard else 1.0,
-        H_BIG=prescaled_from,
-        H_DOWN=2.0**-shift,
-        H_UP=2.0**shift,
-        SIGNS=sign_seed is not None,
-        SIGN_COUNTER=SIGN_COUNTER,
-        PER_TENSOR=fmt.per_tensor,
-        OUTER_ROWS=fmt.outer // size,
-        TENSOR_FLOOR=fmt.tensor_scale_floor if fmt.per_tensor else 0.0,
-        EMAX=element.emax,
-        CEIL=fmt.rule == "ceil",
-        RECIPROCAL=fmt.rule == "reciprocal",
-        RECIPROCAL_CONSTANT=fmt.reciprocal_constant if fmt.per_tensor else 0.0,
-        MAX_MANTISSA=float_bits(element.max_value, FLOAT32) & 0x7FFFFF,
-        MAX_VALUE=element.max_value,
-        DISCARD=plan.discard_bits,
-        TIE_OFFSET=plan.tie_offset,
-        **_rounding_constants(plan),
-        S_DISCARD=scale_plan.discard_bits,
-        S_TIE_OFFSET=scale_plan.tie_offset,
-        **{f"S_{key}": value for key, value in _rounding_constants(scale_plan).items()},
-        S_ULP=fmt.scale_ulp_bits,
-        TE=fmt.rule == "te",
-        FOUR_OVER_SIX=fmt.rule == "four_over_six",
-        TENSOR_MAX=from_tensor_max,
         STAGES=size.bit_length() - 1,
-        THREE_QUARTERS=fmt.rule == "three_quarters",
-        TE_ENCODE=te_encode,
-        TE_RECIPROCAL=te_reciprocal,
-        TE_DECODE=te_decode,
-        FLOAT32_MAX=FLOAT32_MAX,
-        SCALE_MIN=scale_min,
-        SCALE_MAX=scale_max,
-        NEGATIVE_ZERO=plan.negative_zero,
+        **_constants(fmt, sign_seed is not None),
         OUT_MAX=float(torch.finfo(blocks.dtype).max),
         COUNT_ZEROS=zeros is not None,
-        STOCHASTIC=stochastic,
+        STOCHASTIC=fmt.rounding == "stochastic",
         enable_fp_fusion=False,
     )
     keys = map(as_int32, (k0, k1, s0, s1))
@@ -418,7 +406,7 @@ def quantize_block_triton(
             partials,
             programs,
             tensor_scale,
-            FLOOR=0.0 if from_tensor_max else fmt.tensor_scale_floor,
+            FLOOR=0.0 if fmt.from_tensor_max else fmt.tensor_scale_floor,
             BLOCK=PARTIALS_BLOCK,
         )
         args[3] = tensor_scale
@@ -426,3 +414,46 @@ def quantize_block_triton(
         _block_kernel, (programs,), *args, blocks if zeros is None else zeros, MAXIMA_ONLY=False, **constants
     )
     return out
+
+
+@functools.lru_cache(maxsize=256)
+def _constants(fmt: BlockFormat, random_signs: bool) -> dict:
+    """The kernel's constexprs of a format (cached by value: a training step asks at every layer)."""
+    element = fmt.element_format
+    te_encode, te_reciprocal, te_decode = fmt.te_constants
+    scale_min, scale_max = fmt.scale_range
+    per_tensor = fmt.per_tensor
+    hadamard = fmt.hadamard
+    shift = prescale_shift(hadamard)
+    return dict(
+        RULE=RULES["two_level" if per_tensor else "mx", fmt.rule],
+        ELEMENT=Element(
+            element.max_value,
+            element.emax,
+            float_bits(element.max_value, FLOAT32) & 0x7FFFFF,
+            RoundingPlan.build(element, FLOAT32).negative_zero,
+            Grid.of(RoundingPlan.build(element, FLOAT32)),
+            te_encode,
+            te_reciprocal,
+            te_decode,
+        ),
+        SCALE=Scale(
+            scale_min,
+            scale_max,
+            fmt.scale_ulp_bits,
+            fmt.tensor_scale_floor if per_tensor else 0.0,
+            fmt.reciprocal_constant if per_tensor else 0.0,
+            Grid.of(RoundingPlan.build(fmt.scale_format, FLOAT32)),  # TE's: E4M3 (block_format)
+        ),
+        TRANSFORM=Transform(
+            hadamard,
+            max(hadamard.bit_length() - 1, 0),
+            transform_norm(hadamard) if hadamard else 1.0,
+            float("inf") if fmt.from_tensor_max else 2.0 ** (127 - shift),  # TE, Four Over Six: no prescale
+            2.0**-shift,
+            2.0**shift,
+            random_signs,
+            SIGN_COUNTER,
+        ),
+        OUTER_ROWS=fmt.outer // fmt.block_size,
+    )

@@ -8,6 +8,8 @@ would make a float constant below 2^-126 a float64."""
 
 from __future__ import annotations
 
+from typing import NamedTuple
+
 import torch
 import triton
 import triton.language as tl
@@ -21,66 +23,68 @@ from gradcomp.rng import as_int32, seed_keys
 from gradcomp.rounding import RoundingPlan
 
 
+class Grid(NamedTuple):
+    """A `RoundingPlan`'s float32 rounding as one constexpr of `round_magnitude`: the low mantissa bits
+    dropped and the tie offset (normal range), and below the smallest normal its bits, the magic constant of
+    nearest rounding and the factors to and from quanta."""
+
+    discard: int
+    tie_offset: int
+    min_normal_bits: int
+    magic: float
+    to_q0: float
+    to_q1: float
+    from_q0: float
+    from_q1: float
+
+    @classmethod
+    def of(cls, plan: RoundingPlan) -> Grid:
+        return cls(
+            plan.discard_bits, plan.tie_offset, plan.min_normal_bits, plan.magic, *plan.to_quanta,
+            *plan.from_quanta,
+        )  # fmt: skip
+
+
 @triton.jit
-def _round_magnitude(
-    magnitude,
-    random,
-    DISCARD: tl.constexpr,
-    TIE_OFFSET: tl.constexpr,
-    MIN_NORMAL_BITS: tl.constexpr,
-    MAGIC: tl.constexpr,
-    TO_Q0: tl.constexpr,
-    TO_Q1: tl.constexpr,
-    FROM_Q0: tl.constexpr,
-    FROM_Q1: tl.constexpr,
-    STOCHASTIC: tl.constexpr,
-):
-    """Nearest or stochastic rounding of non-negative magnitudes to one plan's grid."""
+def round_magnitude(magnitude, random, GRID: tl.constexpr, STOCHASTIC: tl.constexpr):
+    """Nearest or stochastic rounding of non-negative magnitudes to one plan's grid (`Grid`)."""
     magnitude_bits = magnitude.to(tl.int32, bitcast=True)
-    if DISCARD > 0:
+    if GRID.discard > 0:
         if STOCHASTIC:
-            rounded_bits = magnitude_bits + (random >> (32 - DISCARD)).to(tl.int32)
+            rounded_bits = magnitude_bits + (random >> (32 - GRID.discard)).to(tl.int32)
         else:
             rounded_bits = (
-                magnitude_bits + ((1 << (DISCARD - 1)) - 1) + (((magnitude_bits >> DISCARD) + TIE_OFFSET) & 1)
+                magnitude_bits
+                + ((1 << (GRID.discard - 1)) - 1)
+                + (((magnitude_bits >> GRID.discard) + GRID.tie_offset) & 1)
             )
-        rounded_bits = rounded_bits & -(1 << DISCARD)
+        rounded_bits = rounded_bits & -(1 << GRID.discard)
     else:
         rounded_bits = magnitude_bits
     rounded = rounded_bits.to(tl.float32, bitcast=True)
 
-    in_subnormal_range = magnitude_bits < MIN_NORMAL_BITS
+    in_subnormal_range = magnitude_bits < GRID.min_normal_bits
     tiny = tl.where(in_subnormal_range, magnitude, 0.0)  # keeps the unused lanes finite
     if STOCHASTIC:
-        t = tiny * TO_Q0 * TO_Q1
+        t = tiny * GRID.to_q0 * GRID.to_q1
         whole = tl.floor(t)
         up = uniform24(random) < (t - whole) * 16777216.0
-        small = (whole + up.to(tl.float32)) * FROM_Q0 * FROM_Q1
+        small = (whole + up.to(tl.float32)) * GRID.from_q0 * GRID.from_q1
     else:
-        small = (tiny + MAGIC) - MAGIC
+        small = (tiny + GRID.magic) - GRID.magic
     return tl.where(in_subnormal_range, small, rounded)
 
 
 @triton.jit
-def _largest_grid_bits(
-    value,
-    DISCARD: tl.constexpr,
-    MIN_NORMAL_BITS: tl.constexpr,
-    TO_Q0: tl.constexpr,
-    TO_Q1: tl.constexpr,
-    FROM_Q0: tl.constexpr,
-    FROM_Q1: tl.constexpr,
-    FLOOR_BITS: tl.constexpr,
-    MAX_VALUE_BITS: tl.constexpr,
-):
+def _largest_grid_bits(value, GRID: tl.constexpr, FLOOR_BITS: tl.constexpr, MAX_VALUE_BITS: tl.constexpr):
     """Bits of the largest grid value not above `value` (positive, at least 2^-126), at most max_value: the
     torch path's `_round_down`."""
     bits = value.to(tl.int32, bitcast=True)
-    if DISCARD > 0:
-        bits = bits & -(1 << DISCARD)
-    in_quanta = tl.floor(value * TO_Q0 * TO_Q1) * FROM_Q0 * FROM_Q1
+    if GRID.discard > 0:
+        bits = bits & -(1 << GRID.discard)
+    in_quanta = tl.floor(value * GRID.to_q0 * GRID.to_q1) * GRID.from_q0 * GRID.from_q1
     bits = tl.where(
-        value.to(tl.int32, bitcast=True) < MIN_NORMAL_BITS, in_quanta.to(tl.int32, bitcast=True), bits
+        value.to(tl.int32, bitcast=True) < GRID.min_normal_bits, in_quanta.to(tl.int32, bitcast=True), bits
     )
     return tl.minimum(tl.maximum(bits, FLOOR_BITS), MAX_VALUE_BITS)
 
@@ -95,23 +99,11 @@ def _quantize_fp_kernel(
     k0,
     k1,
     zeros_ptr,
-    DISCARD: tl.constexpr,
-    TIE_OFFSET: tl.constexpr,
-    MIN_NORMAL_BITS: tl.constexpr,
-    MAGIC: tl.constexpr,
-    TO_Q0: tl.constexpr,
-    TO_Q1: tl.constexpr,
-    FROM_Q0: tl.constexpr,
-    FROM_Q1: tl.constexpr,
+    GRID: tl.constexpr,
     BOUND_BITS: tl.constexpr,
     NORMALISE: tl.constexpr,
     N_BOUND: tl.constexpr,
-    N_MIN_NORMAL_BITS: tl.constexpr,
-    N_MAGIC: tl.constexpr,
-    N_TO_Q0: tl.constexpr,
-    N_TO_Q1: tl.constexpr,
-    N_FROM_Q0: tl.constexpr,
-    N_FROM_Q1: tl.constexpr,
+    N_GRID: tl.constexpr,
     MAX_VALUE_BITS: tl.constexpr,
     OVERFLOWS: tl.constexpr,
     OVERFLOW_VALUE: tl.constexpr,
@@ -141,49 +133,15 @@ def _quantize_fp_kernel(
         inverse_scale = tl.cast(inverse_scale, tl.float32)
     magnitude_bits = tl.minimum(tl.abs(x * scale).to(tl.int32, bitcast=True), BOUND_BITS)  # NaN: the bound
     if not OVERFLOWS:  # saturation stops at the largest grid value whose output x's dtype holds
-        limit = _largest_grid_bits(
-            scale * OUT_MAX,
-            DISCARD,
-            MIN_NORMAL_BITS,
-            TO_Q0,
-            TO_Q1,
-            FROM_Q0,
-            FROM_Q1,
-            FLOOR_BITS,
-            MAX_VALUE_BITS,
-        )
+        limit = _largest_grid_bits(scale * OUT_MAX, GRID, FLOOR_BITS, MAX_VALUE_BITS)
         magnitude_bits = tl.minimum(magnitude_bits, limit)
     magnitude = magnitude_bits.to(tl.float32, bitcast=True)
     random = block_random_uint32(start, lanes, k0, k1) if STOCHASTIC else 0
-    rounded = _round_magnitude(
-        magnitude,
-        random,
-        DISCARD,
-        TIE_OFFSET,
-        MIN_NORMAL_BITS,
-        MAGIC,
-        TO_Q0,
-        TO_Q1,
-        FROM_Q0,
-        FROM_Q1,
-        STOCHASTIC,
-    )
+    rounded = round_magnitude(magnitude, random, GRID, STOCHASTIC)
     if NORMALISE:  # below 2^-126: x * (scale * 2^24) against the grid times 2^24 (the N_ plan)
         normalised_scale = tl.minimum(scale * 16777216.0, 3.4028234663852886e38)
         normalised = tl.minimum(tl.abs(x * normalised_scale), N_BOUND)
-        rounded_up = _round_magnitude(
-            normalised,
-            random,
-            DISCARD,
-            TIE_OFFSET,
-            N_MIN_NORMAL_BITS,
-            N_MAGIC,
-            N_TO_Q0,
-            N_TO_Q1,
-            N_FROM_Q0,
-            N_FROM_Q1,
-            STOCHASTIC,
-        )
+        rounded_up = round_magnitude(normalised, random, N_GRID, STOCHASTIC)
         rounded = tl.where(magnitude < 1.1754943508222875e-38, rounded_up * 5.9604644775390625e-08, rounded)
     rounded_bits = rounded.to(tl.int32, bitcast=True)
     if FLOOR_BITS > 0:
@@ -241,13 +199,11 @@ def quantize_fp_triton(
         as_int32(k0),
         as_int32(k1),
         x_flat if zeros is None else zeros,
-        DISCARD=plan.discard_bits,
-        TIE_OFFSET=plan.tie_offset,
-        **_rounding_constants(plan),
+        GRID=Grid.of(plan),
         BOUND_BITS=plan.bound_bits,
         NORMALISE=plan.normalised is not None,
         N_BOUND=normalised.bound,
-        **{f"N_{key}": value for key, value in _rounding_constants(normalised).items()},
+        N_GRID=Grid.of(normalised)._replace(discard=plan.discard_bits, tie_offset=plan.tie_offset),
         MAX_VALUE_BITS=plan.max_value_bits,
         OVERFLOWS=plan.overflow_value is not None,
         OVERFLOW_VALUE=plan.overflow_value or 0.0,
@@ -263,15 +219,3 @@ def quantize_fp_triton(
         enable_fp_fusion=False,
     )
     return out.view(x.shape)
-
-
-def _rounding_constants(plan: RoundingPlan) -> dict[str, float | int]:
-    """The constants of `_round_magnitude` that differ between a plan and its normalised plan."""
-    return {
-        "MIN_NORMAL_BITS": plan.min_normal_bits,
-        "MAGIC": plan.magic,
-        "TO_Q0": plan.to_quanta[0],
-        "TO_Q1": plan.to_quanta[1],
-        "FROM_Q0": plan.from_quanta[0],
-        "FROM_Q1": plan.from_quanta[1],
-    }

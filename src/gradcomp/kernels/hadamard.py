@@ -22,8 +22,8 @@ def butterfly(values, ROWS: tl.constexpr, SIZE: tl.constexpr, STAGES: tl.constex
     """H v / sqrt(SIZE) of each row of a (ROWS, SIZE) float32 tile (SIZE = 2^STAGES): stage s adds and
     subtracts the elements 2^s apart, as `gradcomp.ops.hadamard.butterfly`."""
     for stage in tl.static_range(STAGES):
-        half: tl.constexpr = 1 << stage
-        pairs = tl.permute(tl.reshape(values, [ROWS, SIZE // (2 * half), 2, half]), (0, 1, 3, 2))
+        # the shape inline: a name for 1 << stage is refused by Triton 3.8's compiler (a constexpr reassigned)
+        pairs = tl.permute(tl.reshape(values, [ROWS, SIZE >> (stage + 1), 2, 1 << stage]), (0, 1, 3, 2))
         first, second = tl.split(pairs)
         pairs = tl.permute(tl.join(first + second, first - second), (0, 1, 3, 2))
         values = tl.reshape(pairs, [ROWS, SIZE])

@@ -12,13 +12,13 @@ log form, absolute), far below what the threshold solve needs.
 import triton
 import triton.language as tl
 
-SPLIT: tl.constexpr = 2.0
-TERMS: tl.constexpr = 40
-_TWO_OVER_SQRT_PI: tl.constexpr = 1.1283791670955126
-_LN_SQRT_PI: tl.constexpr = 0.5723649429247001
-_LN_SQRT_2PI: tl.constexpr = 0.9189385332046728
-_SQRT_HALF: tl.constexpr = 0.7071067811865476
-_LN2: tl.constexpr = 0.6931471805599453
+SPLIT = tl.constexpr(2.0)
+TERMS = tl.constexpr(40)
+_TWO_OVER_SQRT_PI = tl.constexpr(1.1283791670955126)
+_LN_SQRT_PI = tl.constexpr(0.5723649429247001)
+_LN_SQRT_2PI = tl.constexpr(0.9189385332046728)
+_SQRT_HALF = tl.constexpr(0.7071067811865476)
+_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit

@@ -29,14 +29,14 @@ BLOCK_PARTIALS = 128
 FIT_FIELDS = ("mu", "sigma", "bn_zero_share", "threshold", "scale")
 RULES = ("mixture", "reference", "all")  # how the threshold treats the BatchNorm-masked entries
 # the solver's constants (gradcomp.lognormal), as compile-time constants of the kernels
-_SIGMA_FIRST: tl.constexpr = lognormal._TABLE_LN_SIGMA[0]
-_SIGMA_LAST: tl.constexpr = lognormal._TABLE_LN_SIGMA[1]
-_SIGMA_COUNT: tl.constexpr = lognormal._TABLE_LN_SIGMA[2]
-_Z_FIRST: tl.constexpr = lognormal._TABLE_Z[0]
-_Z_LAST: tl.constexpr = lognormal._TABLE_Z[1]
-_Z_COUNT: tl.constexpr = lognormal._TABLE_Z[2]
-_MIN_SIGMA: tl.constexpr = lognormal.MIN_SIGMA
-_ITERATIONS: tl.constexpr = lognormal.MIXTURE_ITERATIONS
+_SIGMA_FIRST = tl.constexpr(lognormal._TABLE_LN_SIGMA[0])
+_SIGMA_LAST = tl.constexpr(lognormal._TABLE_LN_SIGMA[1])
+_SIGMA_COUNT = tl.constexpr(lognormal._TABLE_LN_SIGMA[2])
+_Z_FIRST = tl.constexpr(lognormal._TABLE_Z[0])
+_Z_LAST = tl.constexpr(lognormal._TABLE_Z[1])
+_Z_COUNT = tl.constexpr(lognormal._TABLE_Z[2])
+_MIN_SIGMA = tl.constexpr(lognormal.MIN_SIGMA)
+_ITERATIONS = tl.constexpr(lognormal.MIXTURE_ITERATIONS)
 
 
 @triton.jit

@@ -13,15 +13,15 @@ saturating at its largest value, and multiplied back by their scale. Everything 
   max_value / s (two rounded divisions), clamped and rounded to the scale format, the elements divided by
   s * (block scale) (rounded product and quotient), the rounded values multiplied by it: torchao's reference
   operations in its order;
-* NVFP4 with scale_rule "te": Transformer Engine's operations in its order (`gradcomp.block_format`): no
+* NVFP4 with rule "te": Transformer Engine's operations in its order (`gradcomp.block_format`): no
   lower clamp, so blocks whose scale underflows E4M3 decode to zero; on tiny tensors, where TE clamps its
   encode scale or a block's element factor to float32's largest value and its decode would shrink the
   values, such blocks decode by the reciprocal of that factor (gradcomp's one deviation: `_clamped`);
-* NVFP4 with scale_rule "four_over_six": its authors' operations in their order (`gradcomp.block_format`),
+* NVFP4 with rule "four_over_six": its authors' operations in their order (`gradcomp.block_format`),
   both candidates quantized and the one of smaller squared error kept; the encode scale and the element
   factors clamped to float32's largest value (as TE's Four Over Six does; the authors' code overflows to NaN
   or infinity on tiny tensors) and decoded as under "te" where they were;
-* two-level scales with scale_rule "reciprocal": torchao's ratio of each block, its reciprocal C / ratio
+* two-level scales with rule "reciprocal": torchao's ratio of each block, its reciprocal C / ratio
   rounded to the scale format, the block scale s * (C / rounded) (`gradcomp.block_format`).
 
 With `hadamard` = n, each group of n elements of a block is transformed (`gradcomp.ops.hadamard`, signs from
@@ -42,11 +42,8 @@ value within a rounding step of it) saturate there.
 
 from __future__ import annotations
 
-import functools
-import inspect
-import numbers
 from collections.abc import Callable
-from typing import Literal, NamedTuple
+from typing import NamedTuple
 
 import torch
 from torch import Tensor
@@ -65,13 +62,10 @@ from gradcomp.block_format import (
     FOUR_OVER_SIX_ENCODE,
     NVFP4_SCALE_MAX,
     BlockFormat,
-    check_rule,
-    check_transform_size,
+    as_block_format,
 )
-from gradcomp.choices import ROUNDINGS, choose
-from gradcomp.formats import FPFormat
 from gradcomp.ops._blocks import as_blocks, check_axis, lines_in_place
-from gradcomp.ops.fp_quant import Rounding, _apply_sign, _round
+from gradcomp.ops.fp_quant import _apply_sign, _round
 from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, prescales, transform_signs
 from gradcomp.ops.stats import add_zero_count, check_counter, count_zeros
 from gradcomp.rng import counter_bits, counter_keys, hash_counter, resolve_seed
@@ -82,57 +76,27 @@ FLOAT32 = compute_layout(torch.float32)
 
 def quantize_block(
     x: Tensor,
-    element: FPFormat | str,
-    block_size: int = 32,
-    scale: Literal["e8m0fnu", "e4m3fn", "float8_e3m4", "e5m3fnu"] = "e8m0fnu",
+    fmt: BlockFormat | str,
     axis: int = -1,
-    rounding: Rounding = "nearest",
     seed: int | None = None,
-    scale_rule: Literal["floor", "ceil", "te", "three_quarters", "four_over_six", "reciprocal"] | None = None,
-    hadamard: int = 0,
+    sign_seed: int | None = None,
     backend: Backend = "auto",
     count_zeros_into: Tensor | None = None,
-    signs: int | Literal["seed", "none"] = "seed",
-    outer: int = 0,
 ) -> Tensor:
-    """x in a block-scaled format (see the module), dequantized: x's dtype and shape.
+    """x in the block-scaled format `fmt` (see the module), dequantized: x's dtype and shape.
 
-    element: the element format (e.g. "e4m3fn", "e3m2fn", "e2m1fn"); block_size: a power of two up to 256
-    (MX: 32, NVFP4: 16); scale: "e8m0fnu" (MX), or a two-level scale: "e4m3fn" (NVFP4), "float8_e3m4" or
-    "e5m3fnu" (UE5M3); scale_rule: "floor"
-    (OCP MX 1.0; NVFP4's block scale rounded to nearest, as torchao), "ceil" (nothing saturates), "te"
-    (NVFP4 as Transformer Engine casts it, decoded by its own element factors where TE's decode would shrink
-    tiny tensors; stochastic rounding allowed, biased where blocks saturate),
-    "three_quarters" (MX, Tseng et al.'s 3/4 prescale), "four_over_six" (NVFP4, each block's largest value
-    mapped to 6 or 4) or "reciprocal" (two-level scales, the block scale's reciprocal rounded: FP4 All the
-    Way's variant; `gradcomp.block_format` defines each), None
-    for floor with nearest and ceil with stochastic rounding (floor with stochastic rounding is refused: it
-    is biased); rounding: "nearest" (ties to even) or "stochastic" (unbiased: E[out] = x but for the
-    saturation at the dtype's range; random bits from seed and position; a fresh seed from torch's
-    generator when seed is None, which also draws the transform's signs); hadamard: 0, or the size of the
-    random Hadamard transform applied first (a power of two dividing block_size); signs: where the
-    transform's random signs come from: "seed" (the call's seed, fresh with it), an int (their own seed,
-    e.g. one for a whole run) or "none" (all +1: the deterministic Walsh-Hadamard transform); another than
-    "seed" without a transform is refused (it would do nothing); outer: a two-level
-    scale's float32 scale per `outer` elements along the axis (0: per tensor). float16, bfloat16 or
-    float32 input; a 0-d tensor is one block of one element. count_zeros_into: an int64 one-element tensor
-    on x's device to which the output's zeros are added. One kernel launch on CUDA for MX and outer scales,
-    three for a per-tensor scale (the tensor's largest magnitude first), plus a copy where `axis` is not the
-    last, contiguous one or block_size (or outer) does not divide it; no host sync. Not differentiable."""
-    call = _BlockCall.of(
-        x,
-        element,
-        block_size,
-        scale,
-        axis,
-        rounding,
-        seed,
-        scale_rule,
-        hadamard,
-        count_zeros_into,
-        signs,
-        outer,
-    )
+    fmt: a `BlockFormat` (element and scale formats, block size, scale rule, outer scale, rounding and
+    transform, checked where it is built) or a preset's name ("mxfp8", "mxfp6", "mxfp4", "nvfp4"). The
+    blocks run along `axis`. seed: the random bits of stochastic rounding (by position), and the
+    transform's signs unless `sign_seed` is given; a fresh one from torch's generator where None and either
+    is drawn. sign_seed: the transform's signs' own seed (e.g. one for a whole run); refused where the format
+    has no random signs. Stochastic rounding is unbiased (E[out] = x) but for the saturation at the dtype's
+    range and the scale rules whose blocks saturate (`gradcomp.block_format`). float16, bfloat16 or float32
+    input; a 0-d tensor is one block of one element. count_zeros_into: an int64 one-element tensor on x's
+    device to which the output's zeros are added. One kernel launch on CUDA for MX and outer scales, three
+    for a per-tensor scale (the tensor's largest magnitude first), plus a copy where `axis` is not the last,
+    contiguous one or block_size (or outer) does not divide it; no host sync. Not differentiable."""
+    call = _BlockCall.of(x, fmt, axis, seed, sign_seed, count_zeros_into)
     if x.numel() == 0:
         return call.x.clone()
     if not use_triton(x, backend):
@@ -141,21 +105,26 @@ def quantize_block(
 
     blocks, restore = format_blocks(call.x, call.fmt, call.axis)
     length = x.shape[call.axis] if x.dim() else 1
-    out = quantize_block_triton(
-        blocks, call.fmt, call.stochastic, call.seed, hadamard, length, count_zeros_into, call.sign_seed
-    )
+    out = quantize_block_triton(blocks, call.fmt, call.seed, length, count_zeros_into, call.sign_seed)
     return restore(out)
 
 
-def quantize_block_pair(first: dict, second: dict) -> tuple[Tensor, Tensor]:
-    """`quantize_block(**first)`, `quantize_block(**second)`: the same results, for e.g. the two copies of
-    one gradient in a training step; on the CPU's compiled path in one call for both (a call's own cost
-    is much of a small layer's). Each dict holds quantize_block's arguments, x included."""
-    bound = [_bound(arguments) for arguments in (first, second)]
-    calls = [_BlockCall.of(**arguments) for arguments, _ in bound]
-    backends = [backend for _, backend in bound]
-    if any(call.x.numel() == 0 or use_triton(call.x, b) for call, b in zip(calls, backends, strict=True)):
-        return quantize_block(**first), quantize_block(**second)
+def quantize_block_pair(
+    xs: tuple[Tensor, Tensor],
+    formats: tuple[BlockFormat | str, BlockFormat | str],
+    axes: tuple[int, int] = (-1, -1),
+    seeds: tuple[int | None, int | None] = (None, None),
+    sign_seeds: tuple[int | None, int | None] = (None, None),
+    backend: Backend = "auto",
+    count_zeros_into: tuple[Tensor | None, Tensor | None] = (None, None),
+) -> tuple[Tensor, Tensor]:
+    """`quantize_block` of two tensors, each with its own format and per-call arguments (the pairs), e.g.
+    the two copies of one gradient in a training step: the same results, on the CPU's compiled path in one
+    call for both (a call's own cost is much of a small layer's)."""
+    per_copy = zip(xs, formats, axes, seeds, sign_seeds, count_zeros_into, strict=True)
+    calls = [_BlockCall.of(*arguments) for arguments in per_copy]
+    if any(call.x.numel() == 0 or use_triton(call.x, backend) for call in calls):
+        return tuple(_single(call, backend) for call in calls)  # type: ignore[return-value]
     (lines_a, restore_a, args_a), (lines_b, restore_b, args_b) = (_lines_call(call) for call in calls)
     if _eagerly(calls[0], lines_a, args_a) or _eagerly(calls[1], lines_b, args_b):
         return _run(calls[0], lines_a, restore_a, args_a), _run(calls[1], lines_b, restore_b, args_b)
@@ -165,17 +134,9 @@ def quantize_block_pair(first: dict, second: dict) -> tuple[Tensor, Tensor]:
     return _finish(calls[0], out_a, zeros_a, restore_a), _finish(calls[1], out_b, zeros_b, restore_b)
 
 
-def _bound(arguments: dict) -> tuple[dict, str]:
-    """quantize_block's arguments, its defaults filled in, for `_BlockCall.of`; and the backend (a dict
-    of the defaults, read from the signature once: binding to the signature took tens of microseconds, at
-    every layer of a training step)."""
-    unknown, missing = set(arguments) - _PARAMETERS, _PARAMETERS - set(_DEFAULTS) - set(arguments)
-    if unknown:
-        raise TypeError(f"quantize_block_pair: got an unexpected keyword argument {sorted(unknown)[0]!r}")
-    if missing:
-        raise TypeError(f"quantize_block_pair: missing the argument {sorted(missing)[0]!r}")
-    bound = {**_DEFAULTS, **arguments}
-    return bound, bound.pop("backend")
+def _single(call: _BlockCall, backend: Backend) -> Tensor:
+    """`quantize_block` of a checked call (its seeds resolved)."""
+    return quantize_block(call.x, call.fmt, call.axis, call.seed, call.sign_seed, backend, call.counter)
 
 
 class _BlockCall(NamedTuple):
@@ -184,9 +145,7 @@ class _BlockCall(NamedTuple):
     x: Tensor
     fmt: BlockFormat
     axis: int
-    stochastic: bool
     seed: int
-    hadamard: int
     sign_seed: int | None
     counter: Tensor | None
 
@@ -194,50 +153,29 @@ class _BlockCall(NamedTuple):
     def of(
         cls,
         x: Tensor,
-        element: object,
-        block_size: int,
-        scale: str,
+        fmt: BlockFormat | str,
         axis: int,
-        rounding: str,
         seed: int | None,
-        scale_rule: str | None,
-        hadamard: int,
+        sign_seed: int | None,
         count_zeros_into: Tensor | None,
-        signs: object,
-        outer: int,
     ) -> _BlockCall:
         x = check_kernel_dtype(check_float(x, "quantize_block"), "quantize_block")
-        choose("rounding", rounding, ROUNDINGS)
-        fmt = block_format(element, block_size, scale, check_rule(scale_rule, rounding), outer)
-        if hadamard:
-            check_transform_size(hadamard, block_size)
-        elif signs != "seed":  # the default: a call without a transform draws no signs
-            raise ValueError(f"signs={signs!r} sets the Hadamard transform's signs: give hadamard too")
+        fmt = as_block_format(fmt)
         axis = check_axis(x, axis)
         check_counter(count_zeros_into, x)
-        stochastic = rounding == "stochastic"
-        seed = resolve_seed(seed) if stochastic or (hadamard and signs == "seed") else 0
-        return cls(x, fmt, axis, stochastic, seed, hadamard, sign_source(signs, seed), count_zeros_into)
-
-
-_PARAMETERS = set(inspect.signature(quantize_block).parameters)
-_DEFAULTS = {
-    name: parameter.default
-    for name, parameter in inspect.signature(quantize_block).parameters.items()
-    if parameter.default is not inspect.Parameter.empty
-}
-
-
-def block_format(element: object, block_size: object, scale: object, rule: str, outer: object) -> BlockFormat:
-    """`BlockFormat(...)`, built once per setting (its checks take tens of microseconds, and a training step
-    asks for it at every gradient copy); unhashable arguments get BlockFormat's own error."""
-    try:
-        return _cached_format(element, block_size, scale, rule, outer)
-    except TypeError:  # unhashable: BlockFormat says what is wrong with it
-        return BlockFormat(element, block_size, scale, rule, outer)  # type: ignore[arg-type]
-
-
-_cached_format = functools.lru_cache(maxsize=64, typed=True)(BlockFormat)  # typed: 32.0 is refused
+        random_signs = fmt.hadamard and fmt.signs
+        if sign_seed is not None and not random_signs:
+            raise ValueError(
+                f"sign_seed={sign_seed!r} seeds a Hadamard transform's random signs, and the format has "
+                f"none (hadamard={fmt.hadamard}, signs={fmt.signs})"
+            )
+        stochastic = fmt.rounding == "stochastic"
+        seed = resolve_seed(seed) if stochastic or (random_signs and sign_seed is None) else 0
+        if not random_signs:
+            return cls(x, fmt, axis, seed, None, count_zeros_into)
+        return cls(
+            x, fmt, axis, seed, seed if sign_seed is None else resolve_seed(sign_seed), count_zeros_into
+        )
 
 
 def format_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Callable[[Tensor], Tensor]]:
@@ -246,17 +184,6 @@ def format_blocks(x: Tensor, fmt: BlockFormat, axis: int) -> tuple[Tensor, Calla
     pads to a block only: `torch_blocks`)."""
     blocks, restore = as_blocks(x, fmt.outer or fmt.block_size, axis)
     return blocks.view(-1, fmt.block_size), restore
-
-
-def sign_source(signs: object, seed: int) -> int | None:
-    """The seed of the transform's signs (None: all +1) for quantize_block's `signs`."""
-    if signs == "seed":
-        return seed
-    if signs == "none":
-        return None
-    if isinstance(signs, bool) or not isinstance(signs, numbers.Integral):
-        raise ValueError(f'signs must be "seed", "none" or an int seed, got {signs!r}')
-    return resolve_seed(int(signs))
 
 
 class _Parts(NamedTuple):
@@ -300,20 +227,20 @@ def _lines_call(call: _BlockCall) -> tuple[Tensor, Callable[[Tensor], Tensor], t
         )
     # padded before the compiled call: inside it, inductor's padding of (lines, length, 1) tensors read
     # undefined memory at times (two-level scales with stochastic rounding)
-    blocks = torch_blocks(lines, fmt, call.hadamard)
+    blocks = torch_blocks(lines, fmt)
     if blocks.numel() != lines.numel():
         lines, unpadded = blocks.view(before, -1, after), restore
 
         def restore(out: Tensor) -> Tensor:
             return unpadded(out[:, :length].contiguous())
 
-    signs = transform_signs(call.sign_seed, call.hadamard, lines.device) if call.hadamard else None
-    keys = counter_keys(call.seed, lines.device) if call.stochastic else (None, None)
+    signs = transform_signs(call.sign_seed, fmt.hadamard, lines.device) if fmt.hadamard else None
+    keys = counter_keys(call.seed, lines.device) if fmt.rounding == "stochastic" else (None, None)
     # eagerly, the masks of non-finite values cost passes of their own where there are none (a host sync,
     # harmless on CPUs, tells); compiled, they are a few operations inside the loop
     finite = _eagerly(call, lines, (signs, *keys)) and bool(torch.isfinite(lines.sum()))
     count = call.counter is not None and lines.shape[1] == length  # else of the restored result
-    return lines, restore, (signs, *keys, fmt, *_plans(fmt), call.hadamard, finite, count)
+    return lines, restore, (signs, *keys, fmt, *_plans(fmt), finite, count)
 
 
 def _finish(
@@ -329,14 +256,14 @@ def _finish(
 MAX_TORCH_ELEMENTS = 1 << 32  # the counter of the random bits keeps one high word below it
 
 
-def torch_blocks(lines: Tensor, fmt: BlockFormat, hadamard: int) -> Tensor:
+def torch_blocks(lines: Tensor, fmt: BlockFormat) -> Tensor:
     """The torch path's blocks: `lines_in_place`'s (before, length, after) as (before, blocks, block_size,
     after), each line zero-padded to a multiple of block_size; a line shorter than a block as one block of
     its length (the padding's zeros change no scale and no rounding; the transform mixes them in, and Four
     Over Six sums errors over a power-of-two block: padded there)."""
     before, length, after = lines.shape
     block_size = fmt.block_size
-    if length < block_size and not hadamard and fmt.rule != "four_over_six":
+    if length < block_size and not fmt.hadamard and fmt.rule != "four_over_six":
         return lines.view(before, 1, length, after)
     padding = -length % block_size
     if padding:
@@ -368,16 +295,15 @@ def _quantize_lines(
     fmt: BlockFormat,
     plan: RoundingPlan,
     scale_plan: RoundingPlan,
-    hadamard: int,
     finite: bool,
     count: bool,
 ) -> tuple[Tensor, Tensor | None]:
     """`_lines_call`'s lines (padded there) quantized (`_quantize` of their `torch_blocks`), in their dtype
     and shape, and where `count`, their zeros; `first`, `high`: the random bits' keys (`counter_keys`), None
     for nearest rounding; `finite`: every value is finite."""
-    blocks = torch_blocks(lines, fmt, hadamard)
+    blocks = torch_blocks(lines, fmt)
     random = None if first is None else _random_bits(blocks, fmt, first, high)
-    out = _quantize(blocks, fmt, random, signs, plan, scale_plan, hadamard, finite).out.to(lines.dtype)
+    out = _quantize(blocks, fmt, random, signs, plan, scale_plan, finite).out.to(lines.dtype)
     out = out.view(lines.shape)
     return out, count_zeros(out) if count else None
 
@@ -396,7 +322,7 @@ def _quantize_two(
     config_b: tuple,
 ) -> tuple[Tensor, Tensor | None, Tensor, Tensor | None]:
     """`_quantize_lines` of two tensors' lines (`quantize_block_pair`), each with its configuration (fmt,
-    plan, scale_plan, hadamard, finite, count), in one compiled call."""
+    plan, scale_plan, finite, count), in one compiled call."""
     out_a, zeros_a = _quantize_lines.fn(lines_a, signs_a, first_a, high_a, *config_a)
     out_b, zeros_b = _quantize_lines.fn(lines_b, signs_b, first_b, high_b, *config_b)
     return out_a, zeros_a, out_b, zeros_b
@@ -409,7 +335,6 @@ def _quantize(
     signs: Tensor | None,
     plan: RoundingPlan,
     scale_plan: RoundingPlan,
-    hadamard: int,
     all_finite: bool = False,
 ) -> _Parts:
     """`torch_blocks`' blocks (each along dim 2) quantized, non-finite values included: they pass through,
@@ -418,24 +343,24 @@ def _quantize(
     known to be finite (the same result without the masks)."""
     values = blocks.float()
     finite = None if all_finite else torch.isfinite(values)
+    hadamard = fmt.hadamard
     if hadamard and finite is not None:
         finite = _groups(finite, hadamard).all(3, keepdim=True).expand(_groups(finite, hadamard).shape)
         finite = finite.reshape(values.shape)
     kept = values if finite is None else torch.where(finite, values, 0.0)
-    transformed, unscale = _transformed(kept, signs, fmt, hadamard)
+    transformed, unscale = _transformed(kept, signs, fmt)
     out_max = torch.finfo(blocks.dtype).max
-    parts = _quantize_finite(transformed, unscale, signs, fmt, plan, scale_plan, random, hadamard, out_max)
+    parts = _quantize_finite(transformed, unscale, signs, fmt, plan, scale_plan, random, out_max)
     return parts if finite is None else parts._replace(out=torch.where(finite, parts.out, values))
 
 
-def _quantize_seeded(
-    blocks: Tensor, fmt: BlockFormat, stochastic: bool, seed: int, hadamard: int, sign_seed: int | None
-) -> _Parts:
+def _quantize_seeded(blocks: Tensor, fmt: BlockFormat, seed: int, sign_seed: int | None) -> _Parts:
     """`_quantize` of `torch_blocks`' blocks with the random bits of `seed` and the transform's signs of
     `sign_seed`."""
+    stochastic = fmt.rounding == "stochastic"
     random = _random_bits(blocks, fmt, *counter_keys(seed, blocks.device)) if stochastic else None
-    signs = transform_signs(sign_seed, hadamard, blocks.device) if hadamard else None
-    return _quantize(blocks, fmt, random, signs, *_plans(fmt), hadamard)
+    signs = transform_signs(sign_seed, fmt.hadamard, blocks.device) if fmt.hadamard else None
+    return _quantize(blocks, fmt, random, signs, *_plans(fmt))
 
 
 def _plans(fmt: BlockFormat) -> tuple[RoundingPlan, RoundingPlan]:
@@ -443,12 +368,11 @@ def _plans(fmt: BlockFormat) -> tuple[RoundingPlan, RoundingPlan]:
     return RoundingPlan.build(fmt.element_format, FLOAT32), RoundingPlan.build(fmt.scale_format, FLOAT32)
 
 
-def _transformed(
-    values: Tensor, signs: Tensor | None, fmt: BlockFormat, hadamard: int
-) -> tuple[Tensor, Tensor | None]:
+def _transformed(values: Tensor, signs: Tensor | None, fmt: BlockFormat) -> tuple[Tensor, Tensor | None]:
     """(the values the format sees, each block's 2^P where its transform's sums could overflow, else 1;
     None without the transform or under TE's and Four Over Six's rules, which do not prescale: see the
     module)."""
+    hadamard = fmt.hadamard
     if not hadamard:
         return values, None
     unscale = None
@@ -506,7 +430,6 @@ def _quantize_finite(
     plan: RoundingPlan,
     scale_plan: RoundingPlan,
     random: Tensor | None,
-    hadamard: int,
     out_max: float,
 ) -> _Parts:
     """Finite rows quantized after their transform (`_transformed`: the values and their blocks' unscale)
@@ -552,20 +475,14 @@ def _quantize_finite(
         rounded = _round(torch.clamp_max(scaled, plan.max_value), random, plan, FLOAT32)
         dequantized = (rounded / 3.0 if fmt.rule == "three_quarters" else rounded) * total
     out = _apply_sign(dequantized, transformed, plan)
-    if hadamard:
-        out = _transform(out, signs, hadamard, inverse=True)
+    if fmt.hadamard:
+        out = _transform(out, signs, fmt.hadamard, inverse=True)
         out = out if unscale is None else out * unscale
     return _Parts(transformed, scaled, rounded, out.clamp(-out_max, out_max))
 
 
 def block_errors(
-    x: Tensor,
-    fmt: BlockFormat,
-    rounding: Rounding = "nearest",
-    hadamard: int = 0,
-    axis: int = -1,
-    seed: int = 0,
-    signs: int | Literal["seed", "none"] = "seed",
+    x: Tensor, fmt: BlockFormat, axis: int = -1, seed: int = 0, sign_seed: int | None = None
 ) -> tuple[float, float, float]:
     """What `quantize_block` does to x (finite, torch path), measured: the share of the non-zero values the
     format sees (after the transform) that become zero, the share beyond the largest element value times
@@ -573,8 +490,11 @@ def block_errors(
     a trailing block's padding)."""
     if x.numel() == 0:
         raise ValueError("block_errors measures shares of a tensor's elements: x is empty")
-    blocks = torch_blocks(lines_in_place(x.detach(), axis)[0], fmt, hadamard)
-    parts = _quantize_seeded(blocks, fmt, rounding == "stochastic", seed, hadamard, sign_source(signs, seed))
+    blocks = torch_blocks(lines_in_place(x.detach(), axis)[0], fmt)
+    random_signs = fmt.hadamard and fmt.signs
+    parts = _quantize_seeded(
+        blocks, fmt, seed, (seed if sign_seed is None else sign_seed) if random_signs else None
+    )
     nonzero = parts.transformed != 0
     flushed = (nonzero & (parts.rounded == 0)).sum() / nonzero.sum().clamp_min(1)
     clipped = (parts.scaled > fmt.element_format.max_value).sum() / x.numel()
