@@ -39,11 +39,11 @@ from torch import nn
 
 from gradcomp._backend import COMPILE_ENV, interpreter_enabled
 from gradcomp.analysis.tables import to_markdown
-from gradcomp.attachment import attach
-from gradcomp.config import CompressionConfig
-from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split, make_synthetic
-from gradcomp.models import create_model
 from gradcomp.profiling import count_work
+from gradcomp.training.attachment import attach
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.data import FASHION_MNIST_SYSTEM_DIR, load_split, make_synthetic
+from gradcomp.training.models import create_model
 
 ARMS = {  # name: (policy, statistics refresh, CPU chunk functions compiled)
     "uncompressed": None,

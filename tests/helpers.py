@@ -30,8 +30,8 @@ TINY = {
 
 def train_run(folder: Path, name: str, **overrides) -> tuple[dict, Path]:
     """Train `TINY` (with `overrides`) into folder/name; returns its summary and folder."""
-    from gradcomp.config import resolve_config
-    from gradcomp.train import train
+    from gradcomp.training.config import resolve_config
+    from gradcomp.training.train import train
 
     config = resolve_config(**{**TINY, "out": str(folder / name), **overrides})
     return train(config), folder / name

@@ -5,7 +5,7 @@ agreement next to "nothing fails", thresholds fixed on one model and tested on a
 import pytest
 import torch
 
-from gradcomp.analysis import fp
+from gradcomp.analysis import fp_failures as fp
 from gradcomp.analysis.verdicts import Pair, compare
 from gradcomp.formats import parse_format
 

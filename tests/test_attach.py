@@ -4,10 +4,10 @@ import pytest
 import torch
 from torch import nn
 
-from gradcomp.attachment import attach, select_layers
-from gradcomp.config import CompressionConfig
-from gradcomp.models import create_model
 from gradcomp.ops.stats import count_zeros
+from gradcomp.training.attachment import attach, select_layers
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.models import create_model
 
 
 def _linear_probe(in_features=64, out_features=64, seed=0):
@@ -184,7 +184,7 @@ def test_plain_convolutions_take_aten_backward_with_the_same_gradients(monkeypat
     """A two-stream policy's plain convolutions call aten's convolution backward once per gradient copy
     instead of differentiating a local graph twice: the same gradients and counts, bit for bit (strides,
     dilation, groups, no bias; a linear layer and a convolution the fast path does not take, beside)."""
-    import gradcomp.attachment as attachment_module
+    import gradcomp.training.attachment as attachment_module
 
     plain_convolution = attachment_module._plain_convolution
     results = []

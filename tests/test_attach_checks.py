@@ -11,14 +11,14 @@ import torch
 from helpers import hooks_and_wrappers
 from torch import nn
 
-from gradcomp.attachment import attach
 from gradcomp.choices import choose, integer, typed
-from gradcomp.compress import GradientCopy, LayerStats, compress
-from gradcomp.config import CompressionConfig
-from gradcomp.models import create_model
-from gradcomp.noise_monitor import NoiseMonitor
-from gradcomp.policies import NM, Luq, parse_policy
 from gradcomp.rng import resolve_seed
+from gradcomp.training.attachment import attach
+from gradcomp.training.compress import GradientCopy, LayerStats, compress
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.models import create_model
+from gradcomp.training.noise_monitor import NoiseMonitor
+from gradcomp.training.policies import NM, Luq, parse_policy
 
 
 def _model() -> nn.Sequential:
@@ -127,7 +127,7 @@ def test_a_float_axis_is_a_clear_error():
 
 
 def test_the_choices_are_one_torch_free_module_with_one_message_form():
-    code = "import sys, gradcomp.choices, gradcomp.config; print('torch' in sys.modules)"
+    code = "import sys, gradcomp.choices, gradcomp.training.config; print('torch' in sys.modules)"
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert result.stdout.strip() == "False"
     assert choose("rounding", "nearest", ("nearest", "stochastic")) == "nearest"
@@ -235,7 +235,7 @@ def test_policy_keys_that_would_do_nothing_or_twice_are_refused(spec, message):
 
 
 def test_quantize_block_refuses_signs_without_a_transform():
-    from gradcomp.block_format import BlockFormat
+    from gradcomp.formats.block import BlockFormat
     from gradcomp.ops.block import quantize_block
 
     x = torch.randn(4, 32)

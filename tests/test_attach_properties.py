@@ -24,7 +24,7 @@ from timm.models.vision_transformer import Block
 from torch import nn
 
 from gradcomp import CompressionConfig, attach
-from gradcomp.attachment import select_layers
+from gradcomp.training.attachment import select_layers
 
 POLICIES = [
     "none",

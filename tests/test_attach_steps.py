@@ -12,7 +12,7 @@ from torch import nn
 
 import gradcomp
 from gradcomp import CompressionConfig, attach
-from gradcomp.models import create_model
+from gradcomp.training.models import create_model
 
 
 def _model():
@@ -170,7 +170,9 @@ def test_torch_compile_after_attach_matches_eager():
 
 
 def test_the_public_api_is_importable_from_the_package():
-    importlib.import_module("gradcomp.attachment")  # importing the module does not shadow the function
+    importlib.import_module(
+        "gradcomp.training.attachment"
+    )  # importing the module does not shadow the function
     from gradcomp import attach as attach_function
 
     assert callable(attach_function) and attach_function is attach

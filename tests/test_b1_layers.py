@@ -8,9 +8,9 @@ import torch
 from helpers import train_run
 
 from gradcomp.analysis.gradients import output_gradients
-from gradcomp.analysis.runs import load_groups, load_trained_model
+from gradcomp.analysis.runs import eval_batches, load_groups, load_trained_model
 from gradcomp.analysis.seeds import PerSeed
-from gradcomp.analysis.statquant import _scheme_pairs, bin_usage, eval_batches
+from gradcomp.analysis.statquant import _scheme_pairs, bin_usage
 from gradcomp.analysis.tables import Record, write_result
 from gradcomp.experiments import experiments
 from gradcomp.plots.style import save_figure, titled

@@ -11,7 +11,7 @@ from gradcomp.analysis.runs import Run, RunGroup
 from gradcomp.analysis.statquant import unbiased_sampling_variance
 from gradcomp.analysis.synthetic import signed_lognormal
 from gradcomp.experiments import EXPERIMENTS, PruneWithFp, VarianceVsBits
-from gradcomp.policies import parse_policy
+from gradcomp.training.policies import parse_policy
 
 
 # --- B2 -----------------------------------------------------------------------------------------------------

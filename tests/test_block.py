@@ -29,11 +29,8 @@ from gradcomp import (
     parse_policy,
     quantize_block,
 )
-from gradcomp.attachment import attach
-from gradcomp.block_format import PRESETS, BlockFormat
-from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.formats import parse_format
-from gradcomp.noise_monitor import neural_error
+from gradcomp.formats.block import PRESETS, BlockFormat
 from gradcomp.ops.block import block_errors
 from gradcomp.profiling import count_work
 from gradcomp.theory.block import (
@@ -42,6 +39,9 @@ from gradcomp.theory.block import (
     correlated_block_statistics,
     per_tensor_statistics,
 )
+from gradcomp.training.attachment import attach
+from gradcomp.training.compress import GradientCopy, LayerStats, compress
+from gradcomp.training.noise_monitor import neural_error
 
 ELEMENTS = ["e4m3fn", "float8_e5m2", "e3m2fn", "e2m3fn", "e2m1fn"]
 NVFP4 = {"element": "e2m1fn", "block_size": 16, "scale": "e4m3fn"}
@@ -237,8 +237,8 @@ def _two_level(x: np.ndarray, scale: str, rule: str) -> np.ndarray:
     normal from the dtype's finfo, s = max(amax / (S * 6), 2^-126 / smallest normal), block scale amax_b /
     6 / s clipped to [smallest normal, S] and cast to the dtype (nearest, ties to even) or, for ceil, the
     least of the dtype's values at or above it (from all 256 codes), elements x / (s * scale) clipped to 6 and
-    cast to E2M1, times s * scale. The reciprocal rule, from its definition (`gradcomp.block_format`): C = S *
-    smallest normal, the block scale C / cast(clip(C / (amax_b / 6 / s), smallest normal, S))."""
+    cast to E2M1, times s * scale. The reciprocal rule, from its definition (`gradcomp.formats.block`):
+    C = S * smallest normal, the block scale C / cast(clip(C / (amax_b / 6 / s), smallest normal, S))."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     f32, dtype = np.float32, getattr(ml_dtypes, SCALE_DTYPES[scale])
     info = ml_dtypes.finfo(dtype)
@@ -322,7 +322,7 @@ def _te_nvfp4(x: np.ndarray, decode: str = "gradcomp") -> np.ndarray:
     saturating at 448 (compute_decoding_scaling_factor), elements times min(1 / (scale * s_dec), FLT_MAX),
     saturated to 6 and rounded; dequantized by scale * amax * (1 / 2688) (dequantize_nvfp4.cuh; where that
     overflows, scale * (amax * (1 / 2688)): gradcomp's order there), which `decode="te"` returns. By default
-    gradcomp's deviation (`gradcomp.block_format`): a block of non-zero scale whose s_enc or element factor
+    gradcomp's deviation (`gradcomp.formats.block`): a block of non-zero scale whose s_enc or element factor
     was clamped decodes by the factor's reciprocal, scale * s_dec, or 2^-128 where the factor was clamped."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     return _te_parts(x, decode, ml_dtypes)[0]
@@ -414,10 +414,11 @@ def test_te_nvfp4_on_tiny_tensors_is_tes_cast_decoded_by_the_factor_it_encoded_w
     """TE clamps its encode scale 2688 / amax (below 7.9e-36) and each block's element factor (where the
     block's scale times 1 / s_enc is at most 2^-128) to FLT_MAX, but dequantizes by scale * amax / 2688: its
     values shrink (the transcription's TE decode: E[out] about 0.12 x at 1e-36). gradcomp keeps TE's FP4
-    values and E4M3 scales and decodes those blocks by the reciprocal of the factor (`gradcomp.block_format`):
-    bit for bit the transcription, nearest rounding, without and with the transform (the transcription on
-    the transformed values, transformed back); stochastic rounding lands on the decode factor times one of
-    the two E2M1 neighbours of x times the factor; TE's own decode wherever no clamp acted."""
+    values and E4M3 scales and decodes those blocks by the reciprocal of the factor
+    (`gradcomp.formats.block`): bit for bit the transcription, nearest rounding, without and with the
+    transform (the transcription on the transformed values, transformed back); stochastic rounding lands on
+    the decode factor times one of the two E2M1 neighbours of x times the factor; TE's own decode wherever no
+    clamp acted."""
     ml_dtypes = pytest.importorskip("ml_dtypes")
     for magnitude in EXTREME_MAGNITUDES:
         x = _extreme(magnitude)
@@ -878,7 +879,7 @@ def _four_over_six(x: np.ndarray) -> np.ndarray:
     the candidate with the smaller sum of squared errors (s6 on ties); the sum in pairs of neighbours, then
     of neighbouring pairs, as gradcomp fixes the order the authors leave to each backend. On tiny tensors,
     where the authors' code overflows (e = inf: NaN from their reference), gradcomp's rule
-    (`gradcomp.block_format`): e clamped to FLT_MAX as TE's own Four Over Six clamps it
+    (`gradcomp.formats.block`): e clamped to FLT_MAX as TE's own Four Over Six clamps it
     (compute_global_encode_scaling_factor_FP4<256>), the element factor 1 / ((1 / e) * s) clamped to FLT_MAX
     as the authors' CUDA kernel and TE clamp it, and a block of non-zero s whose e or factor was clamped
     dequantized by the factor's reciprocal, (1 / e) * s, or 2^-128 where the factor was clamped. Where
@@ -1115,7 +1116,7 @@ TINY_CASES = [(magnitude, "te") for magnitude in TINY] + [
 def test_te_and_four_over_six_stay_unbiased_down_to_float32_subnormals(magnitude, rule, hadamard):
     """TE clamps its encode scale 2688 / amax to FLT_MAX below 7.9e-36 but dequantizes by amax / 2688: its
     values shrink there (E[out] = 0.12 x at 1e-36, under 0.001 x at 1e-38); gradcomp decodes such blocks by
-    the reciprocal of the factor their elements were multiplied by (`gradcomp.block_format`). With every
+    the reciprocal of the factor their elements were multiplied by (`gradcomp.formats.block`). With every
     block's largest transformed magnitude m (so that no block scale rounds down and saturates its largest
     value), the projection of E[out] on x, sum(E[out] x) / sum(x^2), is 1 within 5 standard errors of its mean
     over 300 draws plus 1e-6 (float32 rounding; the transform's in float32 subnormals), at every m from 1 down

@@ -5,10 +5,10 @@ import pytest
 import torch
 
 from gradcomp import lognormal
-from gradcomp.attachment import attach
-from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.ops.stats import Calibration, fit_statistics
-from gradcomp.policies import Prune, parse_policy
+from gradcomp.training.attachment import attach
+from gradcomp.training.compress import GradientCopy, LayerStats, compress
+from gradcomp.training.policies import Prune, parse_policy
 
 
 def _heavy_tailed(step: int, device: str = "cpu", n: int = 100_000) -> torch.Tensor:

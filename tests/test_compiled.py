@@ -9,12 +9,12 @@ from torch import nn
 
 from gradcomp import log_moments, lognormal_threshold, quantize_block, stochastic_prune
 from gradcomp._backend import COMPILE_ENV, CpuCompiled, CpuCompiledPerLayout
-from gradcomp.attachment import attach
-from gradcomp.block_format import BlockFormat
-from gradcomp.config import CompressionConfig
+from gradcomp.formats.block import BlockFormat
 from gradcomp.ops.block import quantize_block_pair
 from gradcomp.ops.prune import _prune_chunk
 from gradcomp.ops.stats import _log_sums
+from gradcomp.training.attachment import attach
+from gradcomp.training.config import CompressionConfig
 
 
 def _both(monkeypatch, fn):
@@ -247,7 +247,7 @@ def test_a_pair_of_block_quantizations_is_the_two_calls(monkeypatch, compiled):
 def test_both_copies_quantized_together_train_as_one_after_the_other(monkeypatch, policy):
     """The attachment hands a layer's two gradient copies to the block policy together (one call); the
     gradients and the zero counts are those of the two calls one after the other."""
-    import gradcomp.attachment as attachment_module
+    import gradcomp.training.attachment as attachment_module
 
     monkeypatch.setenv(COMPILE_ENV, "0")
     results = []

@@ -5,8 +5,14 @@ import numpy as np
 import pytest
 import torch
 
-from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, DatasetNotFound, load_split, make_synthetic, read_idx
-from gradcomp.datasets import DATASETS
+from gradcomp.training.data import (
+    FASHION_MNIST_SYSTEM_DIR,
+    DatasetNotFound,
+    load_split,
+    make_synthetic,
+    read_idx,
+)
+from gradcomp.training.datasets import DATASETS
 
 
 def test_synthetic_dataset_is_deterministic_and_balanced():
@@ -49,7 +55,7 @@ def test_shards_of_a_batch_are_disjoint_and_make_up_the_batch():
 def test_streamed_folder_shards(tmp_path):
     from PIL import Image
 
-    from gradcomp.data import ImageFolderSet
+    from gradcomp.training.data import ImageFolderSet
 
     for label in range(2):
         (tmp_path / f"class{label}").mkdir()

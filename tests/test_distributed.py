@@ -12,9 +12,9 @@ import torch.distributed as dist
 import torch.multiprocessing as mp
 from helpers import free_ports, read_metrics
 
-import gradcomp.train as train_module
-from gradcomp.config import resolve_config
-from gradcomp.train import TrainingInterrupted
+import gradcomp.training.train as train_module
+from gradcomp.training.config import resolve_config
+from gradcomp.training.train import TrainingInterrupted
 
 WORLD_SIZE = 2
 STOP_AT = 4  # rank 1 alone gets a SIGTERM during this step (the second epoch's first) of the second run

@@ -15,11 +15,11 @@ from gradcomp.analysis.distributions import (
 )
 from gradcomp.analysis.runs import load_groups
 from gradcomp.analysis.tables import Record, write_result
-from gradcomp.config import resolve_config
 from gradcomp.experiments import AcrossModels, GoodnessOfFit, experiments
 from gradcomp.plots import distributions as plots
 from gradcomp.plots.style import save_figure, titled
-from gradcomp.probe import Probe, ProbeConfig
+from gradcomp.training.config import resolve_config
+from gradcomp.training.probe import Probe, ProbeConfig
 
 SEEDS = (0, 1)
 STEPS = (0, 2, 4)

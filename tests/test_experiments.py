@@ -12,11 +12,11 @@ from gradcomp.analysis.claims import STATUSES
 from gradcomp.analysis.runs import load_groups
 from gradcomp.analysis.tables import Record, write_result
 from gradcomp.analysis.verdicts import VERDICTS
-from gradcomp.config import resolve_config
 from gradcomp.experiments import CLAIMS, experiments
 from gradcomp.pipeline import check_config, experiment_reads, run_spec, seeds
 from gradcomp.plots.style import save_figure, titled
-from gradcomp.train import train
+from gradcomp.training.config import resolve_config
+from gradcomp.training.train import train
 
 ROOT = Path(__file__).resolve().parents[1]
 SHIPPED = ("default", "gpu", "gpu_headline", "converged", "failure", "cifar10", "imagenet")

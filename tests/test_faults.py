@@ -13,10 +13,10 @@ import torch
 import yaml
 from helpers import TINY, read_metrics, train_run
 
-import gradcomp.train as train_module
+import gradcomp.training.train as train_module
 from gradcomp.cli import main
-from gradcomp.config import resolve_config
-from gradcomp.train import train
+from gradcomp.training.config import resolve_config
+from gradcomp.training.train import train
 
 # five steps per epoch, two epochs, a checkpoint every other step and at each epoch's end
 KILLED_RUN = {

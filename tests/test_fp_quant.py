@@ -193,8 +193,8 @@ def test_triton_kernel_is_bit_exact(kernel_device, fmt, rounding, dtype):
 
 def test_triton_result_does_not_depend_on_block_size(kernel_device):
     from gradcomp._backend import FLOAT32
+    from gradcomp.formats.rounding import RoundingPlan
     from gradcomp.kernels.fp_quant import quantize_fp_triton
-    from gradcomp.rounding import RoundingPlan
 
     x = lognormal_gradient(2500, sigma=2.0).to(kernel_device)
     plan = RoundingPlan.build(FPFormat(4, 1), FLOAT32)

@@ -17,11 +17,11 @@ from gradcomp.analysis.gradients import (
 )
 from gradcomp.analysis.runs import load_groups
 from gradcomp.analysis.statquant import unbiasedness, variance_vs_bits
-from gradcomp.config import resolve_config
 from gradcomp.experiments import Unbiasedness, VarianceVsBits
 from gradcomp.ops.int_quant import AffineMap, BlockHouseholder, quantize_int
-from gradcomp.qat import quantize_forward
-from gradcomp.train import train
+from gradcomp.training.config import resolve_config
+from gradcomp.training.qat import quantize_forward
+from gradcomp.training.train import train
 
 
 def _heterogeneous_rows(n=32, d=64, seed=0):

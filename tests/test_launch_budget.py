@@ -17,10 +17,10 @@ from gradcomp import (
     quantize_int,
     stochastic_prune,
 )
-from gradcomp.attachment import attach
-from gradcomp.config import CompressionConfig
 from gradcomp.ops.int_quant import quantize_columns
 from gradcomp.profiling import count_work
+from gradcomp.training.attachment import attach
+from gradcomp.training.config import CompressionConfig
 
 SPARSITY = 0.85
 POINTS = torch.tensor([[0.0, 1.0], [-3.0, -3.0]], dtype=torch.float64)

@@ -17,13 +17,13 @@ from hypothesis import strategies as st
 from torch import Tensor, nn
 
 from gradcomp import lognormal_threshold, nm_prune, parse_policy, quantize_luq, stochastic_prune
-from gradcomp.attachment import attach
-from gradcomp.compress import GradientCopy, LayerStats, compress
 from gradcomp.ops.luq import luq_alpha
 from gradcomp.ops.nm import keep_probabilities
 from gradcomp.profiling import count_work
 from gradcomp.rng import random_bits, uniform24
 from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance
+from gradcomp.training.attachment import attach
+from gradcomp.training.compress import GradientCopy, LayerStats, compress
 
 
 # --- LUQ ----------------------------------------------------------------------------------------------------

@@ -6,9 +6,9 @@ import torch
 import yaml
 from torch import nn
 
-from gradcomp.attachment import attach
-from gradcomp.config import CompressionConfig, resolve_config
-from gradcomp.models import create_model, layer_shapes
+from gradcomp.training.attachment import attach
+from gradcomp.training.config import CompressionConfig, resolve_config
+from gradcomp.training.models import create_model, layer_shapes
 
 DEFAULT = yaml.safe_load((Path(__file__).parents[1] / "config" / "default.yaml").read_text())
 

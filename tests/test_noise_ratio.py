@@ -1,4 +1,4 @@
-"""The noise ratio (gradcomp.theory.noise, gradcomp.noise_monitor) and the precision guard."""
+"""The noise ratio (gradcomp.theory.noise, gradcomp.training.noise_monitor) and the precision guard."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ import torch
 from torch import nn
 
 from gradcomp import CompressionConfig, attach
-from gradcomp.compress import GradientCopy, LayerStats, compress
-from gradcomp.noise_monitor import error_by_group, neural_error
-from gradcomp.policies import parse_policy
 from gradcomp.theory.noise import group_energy, patch_energy, rows_and_groups, weight_noise
+from gradcomp.training.compress import GradientCopy, LayerStats, compress
+from gradcomp.training.noise_monitor import error_by_group, neural_error
+from gradcomp.training.policies import parse_policy
 
 CONVS = [
     nn.Conv2d(6, 8, 3, stride=1, padding=1),
@@ -331,7 +331,7 @@ def test_keep_worst_keeps_the_layers_of_lowest_predicted_ratio_from_the_first_no
 def test_the_noise_ratio_reads_a_parametrized_weight_through_its_original():
     """Under QAT's forward quantizer (a parametrization) the weight is computed; its gradient accumulates
     into the original parameter, where the compressed signal is read."""
-    from gradcomp.qat import quantize_forward
+    from gradcomp.training.qat import quantize_forward
 
     model = _net()
     quantize_forward(model, 8)

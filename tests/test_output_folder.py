@@ -9,8 +9,8 @@ import torch.multiprocessing as mp
 from helpers import TINY, free_ports, read_metrics, train_run
 
 from gradcomp.cli import main
-from gradcomp.config import ConfigError, resolve_config
-from gradcomp.train import _check_output_folder
+from gradcomp.training.config import ConfigError, resolve_config
+from gradcomp.training.train import _check_output_folder
 
 
 @pytest.fixture(scope="module")
@@ -115,7 +115,7 @@ def test_the_command_line_refuses_in_one_line(tmp_path, finished, capsys):
 
 def _rank(rank: int, port: int, folders: list[str], results: str) -> None:
     """Rank 0 sees the previous run's files, rank 1 does not (another machine's file system)."""
-    from gradcomp.distributed import setup
+    from gradcomp.training.distributed import setup
 
     os.environ.update(RANK=str(rank), LOCAL_RANK=str(rank), WORLD_SIZE="2")
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))

@@ -5,11 +5,11 @@ import pytest
 import torch
 from helpers import lognormal_gradient
 
-from gradcomp.compress import GradientCopy, LayerStats, compress, plan, scale_points
 from gradcomp.ops import quantize_fp
 from gradcomp.ops.stats import fit_statistics
-from gradcomp.policies import Chain, FloatingPoint, Integer, NoCompression, Prune, parse_policy
 from gradcomp.theory import fp as fp_theory
+from gradcomp.training.compress import GradientCopy, LayerStats, compress, plan, scale_points
+from gradcomp.training.policies import Chain, FloatingPoint, Integer, NoCompression, Prune, parse_policy
 
 
 @pytest.mark.parametrize(
@@ -320,9 +320,9 @@ def test_bounded_scale_backends_agree_bit_for_bit(kernel_device, dtype):
 def test_the_analyses_apply_the_training_rule():
     """A10 (per-layer statistics and largest magnitudes) and C2 (the tensor itself) give a layer the scale
     training gives it: the same bounded rule."""
-    from gradcomp.analysis import fp as fp_analysis
+    from gradcomp.analysis import fp_failures as fp_analysis
     from gradcomp.analysis.blocks import _layer, _per_layer
-    from gradcomp.policies import parse_policy
+    from gradcomp.training.policies import parse_policy
 
     g = lognormal_gradient((64, 32, 8, 8), sigma=3.0, mu=-12.0, seed=3, specials=False)
     for name in ("e3m0", "e2m1fn", "e4m1"):
@@ -350,8 +350,8 @@ def test_a10_reads_each_layers_largest_value_from_the_probe(tmp_path):
     """The probe's exact absmax, its log2 averaged over the seeds."""
     from types import SimpleNamespace
 
-    from gradcomp.analysis import fp as fp_analysis
-    from gradcomp.probe import Probe, ProbeConfig
+    from gradcomp.analysis import fp_failures as fp_analysis
+    from gradcomp.training.probe import Probe, ProbeConfig
 
     runs = {}
     for seed, top in ((0, 2.0**-3), (1, 2.0**-5)):

@@ -15,9 +15,9 @@ from gradcomp.analysis.seeds import ALPHA
 from gradcomp.analysis.summary import claims_at_a_glance
 from gradcomp.analysis.verdicts import POWER
 from gradcomp.cli import main
-from gradcomp.datasets import DATASETS
 from gradcomp.pipeline import run_spec, run_steps, seeds, training_jobs
-from gradcomp.policies import Prune, parse_policy
+from gradcomp.training.datasets import DATASETS
+from gradcomp.training.policies import Prune, parse_policy
 
 ROOT = Path(__file__).resolve().parents[1]
 CLAIMS_BEGIN, CLAIMS_END = "<!-- claims:begin -->", "<!-- claims:end -->"

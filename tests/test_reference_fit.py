@@ -12,12 +12,12 @@ from helpers import lognormal_gradient
 from torch import nn
 
 from gradcomp import lognormal
-from gradcomp.attachment import attach
-from gradcomp.compress import GradientCopy, LayerStats, compress, plan
-from gradcomp.config import resolve_config
-from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, load_split
-from gradcomp.models import create_model
-from gradcomp.policies import Prune, parse_policy
+from gradcomp.training.attachment import attach
+from gradcomp.training.compress import GradientCopy, LayerStats, compress, plan
+from gradcomp.training.config import resolve_config
+from gradcomp.training.data import FASHION_MNIST_SYSTEM_DIR, load_split
+from gradcomp.training.models import create_model
+from gradcomp.training.policies import Prune, parse_policy
 
 DEFAULT = yaml.safe_load((Path(__file__).parents[1] / "config" / "default.yaml").read_text())
 

@@ -11,10 +11,10 @@ from helpers import TINY, read_metrics, train_run
 from timm.models.resnet import ResNet
 from torch.nn.modules.module import register_module_forward_pre_hook
 
-from gradcomp.config import CompressionConfig, TrainConfig, resolve_config
-from gradcomp.policies import Prune, parse_policy
-from gradcomp.probe import load_probe
-from gradcomp.train import TrainingInterrupted, train
+from gradcomp.training.config import CompressionConfig, TrainConfig, resolve_config
+from gradcomp.training.policies import Prune, parse_policy
+from gradcomp.training.probe import load_probe
+from gradcomp.training.train import TrainingInterrupted, train
 
 CONVS = 14  # resnet10t's convolutions (where prune and fp act; int and the probe-only run add the classifier)
 

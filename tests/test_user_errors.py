@@ -13,12 +13,12 @@ import yaml
 from helpers import ROOT, TINY, default_config, run_snakemake
 
 from gradcomp.cli import main
-from gradcomp.config import ConfigError, resolve_config, timm_model_names
-from gradcomp.data import FASHION_MNIST_SYSTEM_DIR, DatasetNotFound
-from gradcomp.models import check_model
 from gradcomp.pipeline import check_config, run_spec, schema_violations
-from gradcomp.policies import parse_policy
-from gradcomp.train import train
+from gradcomp.training.config import ConfigError, resolve_config, timm_model_names
+from gradcomp.training.data import FASHION_MNIST_SYSTEM_DIR, DatasetNotFound
+from gradcomp.training.models import check_model
+from gradcomp.training.policies import parse_policy
+from gradcomp.training.train import train
 
 SCHEMA = ROOT / "workflow" / "schemas" / "config.schema.yaml"
 
@@ -36,7 +36,7 @@ def test_the_model_names_read_from_timms_sources_are_its_registry():
 def test_an_unknown_model_fails_at_parse_time_without_torch():
     code = (
         "import sys\n"
-        "from gradcomp.config import ConfigError, resolve_config\n"
+        "from gradcomp.training.config import ConfigError, resolve_config\n"
         "resolve_config(model='resnet18.a1_in1k')\n"  # a pretrained tag is not part of the name
         "try:\n"
         "    resolve_config(model='resnet181')\n"
@@ -59,7 +59,7 @@ def test_model_kwargs_are_checked_against_the_model_class_before_any_data(tmp_pa
         check_model("resnet18", model_kwargs={"num_classes": 5})
     with pytest.raises(ConfigError, match="stem applies to ResNet-style models"):
         check_model("deit_tiny_patch16_224", "3x3")
-    monkeypatch.setattr("gradcomp.train.load_split", lambda *args: pytest.fail("data loaded"))
+    monkeypatch.setattr("gradcomp.training.train.load_split", lambda *args: pytest.fail("data loaded"))
     with pytest.raises(ConfigError, match="'chanels'"):
         _train(tmp_path, model_kwargs={"chanels": [8, 8, 16, 16]})
     assert not (tmp_path / "run").exists()
@@ -209,7 +209,7 @@ def test_snakemake_stops_on_a_schema_violation_without_dumping_the_schema(tmp_pa
 
 # --- the layers a config selects, checked before any data (issue 40, item 11) ------------------------------
 def _no_data(monkeypatch):
-    monkeypatch.setattr("gradcomp.train.load_split", lambda *args: pytest.fail("data loaded"))
+    monkeypatch.setattr("gradcomp.training.train.load_split", lambda *args: pytest.fail("data loaded"))
 
 
 def _one_error_line(capsys) -> str:
@@ -242,7 +242,7 @@ def test_a_selection_matching_no_layer_is_one_line_before_any_data(selection, tm
 
 def test_a_pipeline_job_checks_every_runs_selection_before_training_any(tmp_path, monkeypatch, capsys):
     _no_data(monkeypatch)
-    monkeypatch.setattr("gradcomp.train.train", lambda config: pytest.fail("trained"))
+    monkeypatch.setattr("gradcomp.training.train.train", lambda config: pytest.fail("trained"))
     spec = {"dataset": "synthetic", "policy": "prune", "device": "cpu"}
     items = [
         {"run": "fine", "seed": 0, "out": str(tmp_path / "fine"), "spec": spec},
@@ -255,7 +255,7 @@ def test_a_pipeline_job_checks_every_runs_selection_before_training_any(tmp_path
 
 
 def test_a_probe_alone_checks_its_selection_and_an_uncompressed_run_has_none_to_check(tmp_path, monkeypatch):
-    from gradcomp.train import check_model_config
+    from gradcomp.training.train import check_model_config
 
     check_model_config(resolve_config(dataset="synthetic", include=["nosuch"]))  # nothing is attached
     with pytest.raises(ConfigError, match="no layer of types"):
@@ -414,7 +414,7 @@ def test_every_pipeline_verb_mistake_is_one_line_and_status_2_writing_nothing(
     arguments, message, inputs, monkeypatch, capsys
 ):
     monkeypatch.chdir(inputs.parent)
-    monkeypatch.setattr("gradcomp.train.train", lambda config: pytest.fail("trained"))
+    monkeypatch.setattr("gradcomp.training.train.train", lambda config: pytest.fail("trained"))
     before = sorted(inputs.parent.rglob("*"))
     assert _status(arguments) == 2
     assert message in _one_error_line(capsys)

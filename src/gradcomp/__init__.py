@@ -4,8 +4,8 @@ Reproduces "Neural gradients are near-lognormal" (Chmiel et al., ICLR 2021) and 
 for Low-bitwidth Training of Deep Neural Networks" (Chen et al., NeurIPS 2020).
 
 The public names below load on first use (PEP 562), so that importing a torch-free module of the package
-(`gradcomp.experiments`, `gradcomp.pipeline`, `gradcomp.policies`: what parsing the Snakemake workflow
-needs) does not import torch.
+(`gradcomp.experiments`, `gradcomp.pipeline`, `gradcomp.training.policies`: what parsing the Snakemake
+workflow needs) does not import torch.
 """
 
 from __future__ import annotations
@@ -16,21 +16,21 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 _EXPORTS = {
-    "Attachment": "gradcomp.attachment",
-    "attach": "gradcomp.attachment",
-    "select_layers": "gradcomp.attachment",
-    "CompressionConfig": "gradcomp.config",
-    "Block": "gradcomp.policies",
-    "BlockFormat": "gradcomp.block_format",
-    "Chain": "gradcomp.policies",
-    "FloatingPoint": "gradcomp.policies",
-    "Integer": "gradcomp.policies",
-    "Luq": "gradcomp.policies",
-    "NM": "gradcomp.policies",
-    "NoCompression": "gradcomp.policies",
-    "Policy": "gradcomp.policies",
-    "Prune": "gradcomp.policies",
-    "parse_policy": "gradcomp.policies",
+    "Attachment": "gradcomp.training.attachment",
+    "attach": "gradcomp.training.attachment",
+    "select_layers": "gradcomp.training.attachment",
+    "CompressionConfig": "gradcomp.training.config",
+    "Block": "gradcomp.training.policies",
+    "BlockFormat": "gradcomp.formats.block",
+    "Chain": "gradcomp.training.policies",
+    "FloatingPoint": "gradcomp.training.policies",
+    "Integer": "gradcomp.training.policies",
+    "Luq": "gradcomp.training.policies",
+    "NM": "gradcomp.training.policies",
+    "NoCompression": "gradcomp.training.policies",
+    "Policy": "gradcomp.training.policies",
+    "Prune": "gradcomp.training.policies",
+    "parse_policy": "gradcomp.training.policies",
     "DTYPE_FORMATS": "gradcomp.formats",
     "E2M1FN": "gradcomp.formats",
     "E2M3FN": "gradcomp.formats",
@@ -109,9 +109,6 @@ __all__ = [
 ]
 
 if TYPE_CHECKING:
-    from gradcomp.attachment import Attachment, attach, select_layers
-    from gradcomp.block_format import BlockFormat
-    from gradcomp.config import CompressionConfig
     from gradcomp.formats import (
         DTYPE_FORMATS,
         E2M1FN,
@@ -127,6 +124,7 @@ if TYPE_CHECKING:
         FPFormat,
         parse_format,
     )
+    from gradcomp.formats.block import BlockFormat
     from gradcomp.ops import (
         fit_statistics,
         gaussian_threshold,
@@ -144,7 +142,10 @@ if TYPE_CHECKING:
         stochastic_prune,
         topk_threshold,
     )
-    from gradcomp.policies import (
+    from gradcomp.profiling import count_work
+    from gradcomp.training.attachment import Attachment, attach, select_layers
+    from gradcomp.training.config import CompressionConfig
+    from gradcomp.training.policies import (
         NM,
         Block,
         Chain,
@@ -156,7 +157,6 @@ if TYPE_CHECKING:
         Prune,
         parse_policy,
     )
-    from gradcomp.profiling import count_work
 
 
 def __getattr__(name: str) -> Any:

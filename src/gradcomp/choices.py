@@ -46,9 +46,9 @@ KERNEL_DTYPES = ("float16", "bfloat16", "float32")  # what the Triton kernels an
 LAYER_TYPES = ("conv", "linear", "bn")
 PLACEMENTS = ("output", "input")
 REFRESHES = ("step", "epoch")  # or an integer K >= 1: every K steps
-# the noise ratio the precision guard and keep_worst act on (gradcomp.noise_monitor): measured with the
-# weight-gradient GEMMs (needs measure_noise), or predicted from the error the compression made, or from the
-# lognormal theory of the policy's error
+# the noise ratio the precision guard and keep_worst act on (gradcomp.training.noise_monitor): measured with
+# the weight-gradient GEMMs (needs measure_noise), or predicted from the error the compression made, or from
+# the lognormal theory of the policy's error
 GUARD_RATIOS = ("measured", "carried", "theory")
 # training (TrainConfig, `gradcomp train`)
 DEVICES = ("auto", "cpu", "cuda")  # or cuda:K, the K-th GPU

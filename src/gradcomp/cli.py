@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 
 from gradcomp import __version__
 from gradcomp.choices import DEVICES, choose, device, integer, positive
-from gradcomp.config import ConfigError, TrainConfig
-from gradcomp.datasets import DATASETS
+from gradcomp.training.config import ConfigError, TrainConfig
+from gradcomp.training.datasets import DATASETS
 
 # what a user can get wrong; other exceptions are bugs and keep their traceback. DatasetNotFound, a missing
 # --config file and an output folder that cannot be made or written are OSErrors.
@@ -69,8 +69,8 @@ def _writable(path: str | Path, what: str, folder: bool = False) -> None:
 
 
 def _train(args: argparse.Namespace) -> None:
-    from gradcomp.config import resolve_config
-    from gradcomp.train import TrainingInterrupted, train
+    from gradcomp.training.config import resolve_config
+    from gradcomp.training.train import TrainingInterrupted, train
 
     overrides = {key: getattr(args, key) for key in TRAIN_FLAGS}
     overrides["resume"] = args.resume or None
@@ -99,8 +99,8 @@ def _run(args: argparse.Namespace) -> None:
     from datetime import datetime
 
     started = datetime.now().astimezone()  # before the imports: the manifest shows the whole start-up
-    from gradcomp.config import resolve_config
-    from gradcomp.train import check_model_config, train
+    from gradcomp.training.config import resolve_config
+    from gradcomp.training.train import check_model_config, train
 
     items = args.job
     configs = []

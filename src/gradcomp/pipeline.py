@@ -17,9 +17,9 @@ from typing import Any
 
 import yaml
 
-from gradcomp.config import known_keys, resolve_config
-from gradcomp.datasets import DATASETS
 from gradcomp.experiments import COMPUTED, DRAWN, experiments
+from gradcomp.training.config import known_keys, resolve_config
+from gradcomp.training.datasets import DATASETS
 
 DEFAULT_SEEDS = (0,)
 

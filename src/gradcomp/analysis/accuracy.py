@@ -22,8 +22,8 @@ from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import BETTER, EQUIVALENT, WORSE, Comparison, Pair, by_arm, summarise
 from gradcomp.analysis.verdicts import GAP as GAP_ROLE
-from gradcomp.datasets import lookup
 from gradcomp.experiments import CompareWithinModels
+from gradcomp.training.datasets import lookup
 
 
 @dataclass(frozen=True)

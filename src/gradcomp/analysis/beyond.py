@@ -32,9 +32,9 @@ from gradcomp.analysis.verdicts import (
     having,
     summarise,
 )
-from gradcomp.compress import GradientCopy, LayerStats, chain_seed, compress
 from gradcomp.experiments import EveryRun, PruneWithFp
-from gradcomp.policies import Chain, FloatingPoint
+from gradcomp.training.compress import GradientCopy, LayerStats, chain_seed, compress
+from gradcomp.training.policies import Chain, FloatingPoint
 
 BITS_RULE = """Bits per element count everything the backward pass stores of a layer's neural gradient, per
 element, the same way for every family (Policy.bits_per_element): fp32 and QAT 32; FP formats 1+E+M; integer

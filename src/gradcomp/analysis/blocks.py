@@ -26,9 +26,8 @@ from gradcomp.analysis.accuracy import (
     run_row,
 )
 from gradcomp.analysis.gradients import captured_gradients
-from gradcomp.analysis.runs import RunGroup, training_context
+from gradcomp.analysis.runs import RunGroup, eval_batches, trained_models, training_context
 from gradcomp.analysis.seeds import LINEAR, PerSeed
-from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
     EQUIVALENT,
@@ -42,22 +41,22 @@ from gradcomp.analysis.verdicts import (
     prediction_pair,
     summarise,
 )
-from gradcomp.block_format import SCALE_LABELS, BlockFormat
-from gradcomp.compress import layer_log2_scale
-from gradcomp.config import CompressionConfig
 from gradcomp.experiments import BlockTheory, CompareWithinModels, ScaleFormats
+from gradcomp.formats.block import SCALE_LABELS, BlockFormat
 from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.ops import log_moments, quantize_fp
 from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.block import block_errors
 from gradcomp.ops.stats import largest_finite
-from gradcomp.policies import Block, FloatingPoint, parse_policy
 from gradcomp.theory.block import (
     BlockLevels,
     block_statistics,
     correlated_block_statistics,
     per_tensor_statistics,
 )
+from gradcomp.training.compress import layer_log2_scale
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.policies import Block, FloatingPoint, parse_policy
 
 _LN2 = math.log(2.0)
 PER_LAYER = "per layer"

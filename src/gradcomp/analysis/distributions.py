@@ -13,7 +13,7 @@ from gradcomp.analysis.seeds import FRACTION, POSITIVE, Estimate, PerSeed
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import FAMILIES, Pair, compare, having, summarise
 from gradcomp.experiments import AcrossModels, GoodnessOfFit
-from gradcomp.probe import load_probe
+from gradcomp.training.probe import load_probe
 
 KINDS = ("gradient", "weight", "activation")
 SHOWN_LAYERS = 4  # A1: histograms of this many layers per model, first to last

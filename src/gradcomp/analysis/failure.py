@@ -1,7 +1,7 @@
 """F0-F2: when compressed gradients stall training. F0: the noise ratio R = ||g_W|| / ||noise in g_W|| of
 each layer's weight gradient (FP4 All the Way, section 4: training stalls below sqrt(3)), measured with the
-weight-gradient GEMMs and predicted without them (`gradcomp.noise_monitor`), on the trained models of every
-family under every lossy policy. F1: whether the time a run spends below sqrt(3) ranks the accuracy it
+weight-gradient GEMMs and predicted without them (`gradcomp.training.noise_monitor`), on the trained models of
+every family under every lossy policy. F1: whether the time a run spends below sqrt(3) ranks the accuracy it
 loses, and L7 on that criterion. F2: switching the backward pass to fp32 late, or where the guard says."""
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from gradcomp.analysis.accuracy import (
     run_row,
 )
 from gradcomp.analysis.claims import OUT_OF_REGIME, Decision, decide, deciding, undecided
-from gradcomp.analysis.fp import flush_clip_failures
-from gradcomp.analysis.runs import Run, RunGroup, training_context
+from gradcomp.analysis.fp_failures import flush_clip_failures
+from gradcomp.analysis.runs import Run, RunGroup, eval_batches, trained_models, training_context
 from gradcomp.analysis.seeds import CORRELATION, FRACTION, LINEAR, PerSeed
-from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
     EQUIVALENT,
@@ -41,12 +40,12 @@ from gradcomp.analysis.verdicts import (
     prediction_pair,
     summarise,
 )
-from gradcomp.attachment import attach
-from gradcomp.config import CompressionConfig
 from gradcomp.experiments import LateSwitch, NoiseRatios, Stalls
-from gradcomp.noise_monitor import PREDICTIONS
-from gradcomp.policies import FloatingPoint, parse_policy
 from gradcomp.theory.noise import CRITICAL_RATIO, noise_ratio
+from gradcomp.training.attachment import attach
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.noise_monitor import PREDICTIONS
+from gradcomp.training.policies import FloatingPoint, parse_policy
 
 KINDS = (*PREDICTIONS, "measured")
 SPEARMAN, HELD_OUT, SWITCH = "correlation", "held_out", "switch"  # F1's correlations, L7's pair; F2's

@@ -17,10 +17,10 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from gradcomp.attachment import attach, select_layers
-from gradcomp.config import CompressionConfig
 from gradcomp.ops.int_quant import AffineMap, BlockHouseholder, Scheme, quantize_int
-from gradcomp.policies import Policy
+from gradcomp.training.attachment import attach, select_layers
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.policies import Policy
 
 LAYERS = ("conv", "linear")  # where StatQuant quantizes gradients (section 2.0)
 

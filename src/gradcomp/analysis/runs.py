@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import functools
+import itertools
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -12,11 +13,13 @@ from typing import TYPE_CHECKING, Any
 import yaml
 
 from gradcomp.analysis.seeds import FRACTION, LINEAR, Bounds, Estimate
-from gradcomp.datasets import DATASETS
-from gradcomp.policies import Policy, parse_policy
+from gradcomp.training.datasets import DATASETS
+from gradcomp.training.policies import Policy, parse_policy
 
 if TYPE_CHECKING:
-    from torch import nn
+    from torch import Tensor, nn
+
+    Batch = tuple[Tensor, Tensor]
 
 
 @dataclass(frozen=True)
@@ -239,9 +242,9 @@ def load_trained_model(run: Run, device: str = "cpu") -> nn.Module:
     """The run's final model (its checkpoint), rebuilt as in training, forward quantization included."""
     import torch
 
-    from gradcomp.data import load_split
-    from gradcomp.models import create_model
-    from gradcomp.qat import quantize_forward
+    from gradcomp.training.data import load_split
+    from gradcomp.training.models import create_model
+    from gradcomp.training.qat import quantize_forward
 
     config = run.config
     test = load_split(config["dataset"], config["data_dir"], False, 1)
@@ -258,3 +261,25 @@ def load_trained_model(run: Run, device: str = "cpu") -> nn.Module:
     checkpoint = torch.load(run.folder / "checkpoint.pt", map_location=device, weights_only=False)
     model.load_state_dict(checkpoint["model"])
     return model.to(device)
+
+
+def trained_models(group: RunGroup) -> Iterator[tuple[int, Run, nn.Module]]:
+    """(seed, run, its trained model in eval mode) of each run of the group, loaded one at a time."""
+    for seed, run in group.runs.items():
+        yield seed, run, load_trained_model(run).eval()
+
+
+def eval_batches(run: Run, count: int) -> list[Batch]:
+    """The first `count` full test batches of the run's batch size, in a fixed shuffled order so that every
+    batch mixes classes; test splits are never augmented."""
+    config = run.config
+    from gradcomp.training.data import load_split  # torch-side, as load_trained_model's imports
+
+    split = load_split(config["dataset"], config["data_dir"], False)
+    stream = split.batches(config["batch_size"], shuffle=True, seed=config["seed"], drop_last=True)
+    batches = list(itertools.islice(stream, count))
+    if len(batches) < count:
+        raise ValueError(
+            f"the test split holds {len(batches)} batches of {config['batch_size']}, {count} requested"
+        )
+    return batches

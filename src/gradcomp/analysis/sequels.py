@@ -27,9 +27,8 @@ from gradcomp.analysis.gradients import (
     quantization_variance,
     weight_gradients,
 )
-from gradcomp.analysis.runs import RunGroup, training_context
+from gradcomp.analysis.runs import RunGroup, eval_batches, trained_models, training_context
 from gradcomp.analysis.seeds import LINEAR, POSITIVE, PerSeed
-from gradcomp.analysis.statquant import eval_batches, trained_models
 from gradcomp.analysis.tables import Result, Table
 from gradcomp.analysis.verdicts import (
     Comparison,
@@ -40,19 +39,20 @@ from gradcomp.analysis.verdicts import (
     prediction_pair,
     summarise,
 )
-from gradcomp.compress import GradientCopy, LayerStats, compress
-from gradcomp.config import CompressionConfig
 from gradcomp.experiments import Successors
-from gradcomp.noise_monitor import gradient_fit, neural_error
-from gradcomp.policies import NM, Luq, Policy, Prune
+from gradcomp.training.compress import GradientCopy, LayerStats, compress
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.noise_monitor import gradient_fit, neural_error
+from gradcomp.training.policies import NM, Luq, Policy, Prune
 
 THEORY, NAIVE = "theory", "naive"  # an arm's variance against its prediction; N:M's against the naive one
 
 
 def predicted_variance(policy: Policy, g: Tensor) -> float | None:
-    """The theory's relative added variance for one layer's gradient g (`gradcomp.noise_monitor.neural_error`:
-    from the lognormal fit of its non-zeros, its zero share and its largest value), over g's energy; None
-    for policies other than the unbiased ones C3 compares, or a gradient without two non-zeros.
+    """The theory's relative added variance for one layer's gradient g
+    (`gradcomp.training.noise_monitor.neural_error`: from the lognormal fit of its non-zeros, its zero share
+    and its largest value), over g's energy; None for policies other than the unbiased ones C3 compares, or
+    a gradient without two non-zeros.
 
     The theory's variance is relative to the fitted lognormal's second moment exp(2 mu + 2 sigma^2), here
     times the non-zeros and over their measured energy, the denominator of the measurement. Real layers are

@@ -39,7 +39,7 @@ from gradcomp.analysis.verdicts import (
 )
 from gradcomp.experiments import Calibration, CompareWithinModels, Heterogeneous
 from gradcomp.lognormal import truncated_cosine_similarity
-from gradcomp.policies import Prune
+from gradcomp.training.policies import Prune
 
 TARGET, MATCHED = "target", "matched"  # A7: achieved against target sparsity; A8: an arm against the
 # lognormal curve at the sparsity it achieved

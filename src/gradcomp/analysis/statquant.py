@@ -8,9 +8,7 @@ one measurement (a `PerSeed` record); tables give the mean and 95 % CI over seed
 
 from __future__ import annotations
 
-import itertools
 import math
-from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -36,7 +34,7 @@ from gradcomp.analysis.gradients import (
     sample_variance,
     weight_gradients,
 )
-from gradcomp.analysis.runs import Run, RunGroup, load_trained_model, seed_list, training_context
+from gradcomp.analysis.runs import RunGroup, eval_batches, seed_list, trained_models, training_context
 from gradcomp.analysis.seeds import (
     CORRELATION,
     FRACTION,
@@ -61,7 +59,6 @@ from gradcomp.analysis.verdicts import (
     summarise,
 )
 from gradcomp.choices import INT_SCHEMES
-from gradcomp.data import load_split
 from gradcomp.experiments import BinUsage, FqtAccuracy, RangePredictor, Unbiasedness, VarianceVsBits
 
 SCHEMES = INT_SCHEMES
@@ -69,26 +66,6 @@ NAMES = {scheme: scheme.upper() for scheme in SCHEMES}
 # roles of the comparisons: one scheme against another; a scheme's per-bit factor against 4 and its variance
 # against the QAT sampling variance (B2); QAT against exact training (B4)
 ORDERING, PER_BIT, SAMPLING, QAT = "ordering", "per-bit factor", "sampling", "qat"
-Batch = tuple[Tensor, Tensor]
-
-
-def trained_models(group: RunGroup) -> Iterator[tuple[int, Run, nn.Module]]:
-    for seed, run in group.runs.items():
-        yield seed, run, load_trained_model(run).eval()
-
-
-def eval_batches(run: Run, count: int) -> list[Batch]:
-    """The first `count` full test batches of the run's batch size, in a fixed shuffled order so that every
-    batch mixes classes; test splits are never augmented."""
-    config = run.config
-    split = load_split(config["dataset"], config["data_dir"], False)
-    stream = split.batches(config["batch_size"], shuffle=True, seed=config["seed"], drop_last=True)
-    batches = list(itertools.islice(stream, count))
-    if len(batches) < count:
-        raise ValueError(
-            f"the test split holds {len(batches)} batches of {config['batch_size']}, {count} requested"
-        )
-    return batches
 
 
 def _int_policy(bits: int, scheme: str, weight_bits: int | None = None) -> str:

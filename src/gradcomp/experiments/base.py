@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal
 
 from gradcomp.choices import CLAIM_TESTS, choose
-from gradcomp.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
+from gradcomp.training.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 
 ALL = "all"  # `runs: all`: every run of the config
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from gradcomp.block_format import BlockFormat
 from gradcomp.choices import BLOCK_SCALES
 from gradcomp.experiments.base import (
     FP_OR_BLOCK_RUN,
@@ -16,7 +15,8 @@ from gradcomp.experiments.base import (
     CompareWithinModels,
     register,
 )
-from gradcomp.policies import Block, parse_policy
+from gradcomp.formats.block import BlockFormat
+from gradcomp.training.policies import Block, parse_policy
 
 
 @dataclass(frozen=True)

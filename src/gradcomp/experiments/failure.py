@@ -25,7 +25,7 @@ from gradcomp.experiments.base import (
     register,
 )
 from gradcomp.experiments.fp import MAX_CLIPPED, MAX_FLUSHED
-from gradcomp.policies import Chain, parse_policy
+from gradcomp.training.policies import Chain, parse_policy
 
 
 @dataclass(frozen=True)
@@ -33,8 +33,8 @@ class NoiseRatios(AcrossModels):
     """F0: on the trained models of `run` and the other families (`models`; eval mode, `batches` test
     batches, the seeds named), every convolution and linear layer's noise ratio R = ||g_W|| / ||noise in
     g_W|| under each policy of `policies` (policy strings), measured (the weight-gradient GEMMs) and
-    predicted without a GEMM in two ways (`gradcomp.noise_monitor`: "theory", the lognormal theory's error;
-    "carried", the error the compression made on the neural gradient), both carried through the input
+    predicted without a GEMM in two ways (`gradcomp.training.noise_monitor`: "theory", the lognormal theory's
+    error; "carried", the error the compression made on the neural gradient), both carried through the input
     patches' energy. A prediction holds where the ln of the predicted over the measured R, model-wide, is
     within `margin` (default ln 2: a factor of 2 in R moves a layer across the whole band of FP4 All the
     Way's quadratic check, from tracking full precision at sigma_crit/2 to stalling at 2 sigma_crit)."""

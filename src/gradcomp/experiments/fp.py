@@ -172,7 +172,7 @@ register(
 register(
     id="A10",
     slug="failure_cases",
-    stage="fp",
+    stage="fp_failures",
     title="Where low-precision FP gradients fail, and the fix",
     params=FailurePairs,
     kinds={"baselines": UNCOMPRESSED, "pairs": FP_RUN, "arms": FP_RUN},

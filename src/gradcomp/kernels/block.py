@@ -19,20 +19,20 @@ import triton.language as tl
 from torch import Tensor
 
 from gradcomp._backend import compute_layout
-from gradcomp.block_format import (
+from gradcomp.formats.block import (
     FLOAT32_MAX,
     FOUR_OVER_SIX_ENCODE,
     BlockFormat,
     prescale_shift,
     transform_norm,
 )
+from gradcomp.formats.rounding import RoundingPlan, float_bits
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.fp_quant import Grid, round_magnitude
 from gradcomp.kernels.hadamard import butterfly, transform_signs
 from gradcomp.kernels.rng import random_uint32
 from gradcomp.profiling import launch
 from gradcomp.rng import SIGN_COUNTER, as_int32, seed_keys
-from gradcomp.rounding import RoundingPlan, float_bits
 
 TILE = 2048  # elements per program
 PARTIALS_BLOCK = 1024

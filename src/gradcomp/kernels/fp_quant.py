@@ -15,12 +15,12 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gradcomp.formats.rounding import RoundingPlan
 from gradcomp.kernels import elementwise_grid
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import block_random_uint32, uniform24
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
-from gradcomp.rounding import RoundingPlan
 
 
 class Grid(NamedTuple):

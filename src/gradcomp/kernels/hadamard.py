@@ -8,7 +8,7 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from gradcomp.block_format import prescale_shift, transform_norm
+from gradcomp.formats.block import prescale_shift, transform_norm
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import random_uint32
 from gradcomp.profiling import launch

@@ -11,10 +11,10 @@ import triton.language as tl
 from torch import Tensor
 
 from gradcomp._backend import compute_layout
+from gradcomp.formats.luq import lowest_level_exponent, smp_spread
 from gradcomp.kernels import elementwise_grid
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import block_random_uint32, uniform24
-from gradcomp.luq_format import lowest_level_exponent, smp_spread
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
 

@@ -9,9 +9,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
+from gradcomp.formats.nm import SHRINK, shrink_from
 from gradcomp.kernels.floats import to_storage
 from gradcomp.kernels.rng import random_uint32, uniform24
-from gradcomp.nm_format import SHRINK, shrink_from
 from gradcomp.profiling import launch
 from gradcomp.rng import as_int32, seed_keys
 

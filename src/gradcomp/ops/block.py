@@ -1,6 +1,6 @@
 """quantize_block: block-scaled formats (OCP MX, NVFP4), optionally after a random Hadamard transform.
 
-Blocks of `block_size` consecutive elements along `axis` share one scale (`gradcomp.block_format` defines
+Blocks of `block_size` consecutive elements along `axis` share one scale (`gradcomp.formats.block` defines
 the scales). The elements are rounded to the element format's grid by `quantize_fp`'s rounding (nearest with
 ties to even, or stochastic with the counter-based bits of each element's position in the blocked layout),
 saturating at its largest value, and multiplied back by their scale. Everything is float32:
@@ -13,16 +13,16 @@ saturating at its largest value, and multiplied back by their scale. Everything 
   max_value / s (two rounded divisions), clamped and rounded to the scale format, the elements divided by
   s * (block scale) (rounded product and quotient), the rounded values multiplied by it: torchao's reference
   operations in its order;
-* NVFP4 with rule "te": Transformer Engine's operations in its order (`gradcomp.block_format`): no
+* NVFP4 with rule "te": Transformer Engine's operations in its order (`gradcomp.formats.block`): no
   lower clamp, so blocks whose scale underflows E4M3 decode to zero; on tiny tensors, where TE clamps its
   encode scale or a block's element factor to float32's largest value and its decode would shrink the
   values, such blocks decode by the reciprocal of that factor (gradcomp's one deviation: `_clamped`);
-* NVFP4 with rule "four_over_six": its authors' operations in their order (`gradcomp.block_format`),
+* NVFP4 with rule "four_over_six": its authors' operations in their order (`gradcomp.formats.block`),
   both candidates quantized and the one of smaller squared error kept; the encode scale and the element
   factors clamped to float32's largest value (as TE's Four Over Six does; the authors' code overflows to NaN
   or infinity on tiny tensors) and decoded as under "te" where they were;
 * two-level scales with rule "reciprocal": torchao's ratio of each block, its reciprocal C / ratio
-  rounded to the scale format, the block scale s * (C / rounded) (`gradcomp.block_format`).
+  rounded to the scale format, the block scale s * (C / rounded) (`gradcomp.formats.block`).
 
 With `hadamard` = n, each group of n elements of a block is transformed (`gradcomp.ops.hadamard`, signs from
 the seed) before the scales are taken, and the quantized values are transformed back: the result is what a
@@ -56,7 +56,7 @@ from gradcomp._backend import (
     constant_over,
     use_triton,
 )
-from gradcomp.block_format import (
+from gradcomp.formats.block import (
     FLOAT32_MAX,
     FLOAT32_MAX_RECIPROCAL,
     FOUR_OVER_SIX_ENCODE,
@@ -64,12 +64,12 @@ from gradcomp.block_format import (
     BlockFormat,
     as_block_format,
 )
+from gradcomp.formats.rounding import RoundingPlan
 from gradcomp.ops._blocks import as_blocks, check_axis, lines_in_place
 from gradcomp.ops.fp_quant import _apply_sign, _round
 from gradcomp.ops.hadamard import butterfly, check_kernel_dtype, prescales, transform_signs
 from gradcomp.ops.stats import add_zero_count, check_counter, count_zeros
 from gradcomp.rng import counter_bits, counter_keys, hash_counter, resolve_seed
-from gradcomp.rounding import RoundingPlan
 
 FLOAT32 = compute_layout(torch.float32)
 
@@ -91,7 +91,7 @@ def quantize_block(
     transform's signs unless `sign_seed` is given; a fresh one from torch's generator where None and either
     is drawn. sign_seed: the transform's signs' own seed (e.g. one for a whole run); refused where the format
     has no random signs. Stochastic rounding is unbiased (E[out] = x) but for the saturation at the dtype's
-    range and the scale rules whose blocks saturate (`gradcomp.block_format`). float16, bfloat16 or float32
+    range and the scale rules whose blocks saturate (`gradcomp.formats.block`). float16, bfloat16 or float32
     input; a 0-d tensor is one block of one element. count_zeros_into: an int64 one-element tensor on x's
     device to which the output's zeros are added. One kernel launch on CUDA for MX and outer scales, three
     for a per-tensor scale (the tensor's largest magnitude first), plus a copy where `axis` is not the last,
@@ -522,7 +522,7 @@ def power_of_two(exponent: Tensor) -> Tensor:
 def _te_scales(
     amax: Tensor, fmt: BlockFormat, scale_plan: RoundingPlan, largest: Tensor
 ) -> tuple[Tensor, Tensor]:
-    """Transformer Engine's NVFP4 cast (`gradcomp.block_format`, rule "te"): each block's element
+    """Transformer Engine's NVFP4 cast (`gradcomp.formats.block`, rule "te"): each block's element
     coefficient and decode factor (float32), in TE's order of operations (`scale_plan`: E4M3's rounding);
     `largest`: the tensor's largest magnitude."""
     encode_max, reciprocal_max, decode_max = fmt.te_constants
@@ -545,7 +545,7 @@ def _clamped(
     block_scale: Tensor, unclamped: Tensor, product: Tensor, inverse: Tensor
 ) -> tuple[Tensor, Tensor]:
     """Where gradcomp decodes TE's and Four Over Six's blocks otherwise than they do
-    (`gradcomp.block_format`): the blocks of non-zero scale where the encode scale (`unclamped`: its value
+    (`gradcomp.formats.block`): the blocks of non-zero scale where the encode scale (`unclamped`: its value
     before the clamp to float32's largest) or the block's element factor (`inverse` = 1 / `product`,
     `product` = block scale * (1 / encode)) overflowed and was clamped; and there the reciprocal of the
     factor the elements were multiplied by: `product` (exact where the encode scale was clamped: 1 / FLT_MAX
@@ -563,7 +563,7 @@ def _four_over_six(
     scale_plan: RoundingPlan,
     random: Tensor | None,
 ) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    """Four Over Six (`gradcomp.block_format`): (the magnitudes in units of the chosen scale, their rounded
+    """Four Over Six (`gradcomp.formats.block`): (the magnitudes in units of the chosen scale, their rounded
     values, the dequantized magnitudes, the chosen E4M3 scale), each block at whichever of its two scales
     errs less; `largest`: the tensor's largest magnitude."""
     unclamped = constant_over(FOUR_OVER_SIX_ENCODE, largest)

@@ -33,10 +33,10 @@ from torch import Tensor
 from gradcomp._backend import Backend, FloatLayout, check_float, compiling, compute_layout, use_triton
 from gradcomp.choices import ROUNDINGS, choose
 from gradcomp.formats import FPFormat, parse_format
+from gradcomp.formats.rounding import FLOAT32_MIN_NORMAL, NORMALISE_EXP, RoundingPlan
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.stats import add_zero_count, check_counter
 from gradcomp.rng import random_bits, resolve_seed, uniform24
-from gradcomp.rounding import FLOAT32_MIN_NORMAL, NORMALISE_EXP, RoundingPlan
 
 Rounding = Literal["nearest", "stochastic"]
 

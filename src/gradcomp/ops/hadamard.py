@@ -26,7 +26,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import KERNEL_DTYPES, Backend, check_float, use_triton
-from gradcomp.block_format import check_transform_size, prescale_shift, transform_norm
+from gradcomp.formats.block import check_transform_size, prescale_shift, transform_norm
 from gradcomp.ops._blocks import as_blocks, check_axis
 from gradcomp.rng import SIGN_COUNTER, random_bits
 

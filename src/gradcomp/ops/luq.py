@@ -19,7 +19,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, CpuCompiled, check_float, compute_layout, constant_over, use_triton
-from gradcomp.luq_format import lowest_level_exponent, smp_spread
+from gradcomp.formats.luq import lowest_level_exponent, smp_spread
 from gradcomp.ops._chunked import map_chunks
 from gradcomp.ops.prune import alpha_in_compute_dtype
 from gradcomp.ops.stats import add_zero_count, check_counter

@@ -17,7 +17,7 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend, check_float, use_triton
-from gradcomp.nm_format import keep_probabilities
+from gradcomp.formats.nm import keep_probabilities
 from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.stats import add_zero_count, check_counter
 from gradcomp.rng import random_bits, resolve_seed, uniform24

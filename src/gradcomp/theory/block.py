@@ -38,8 +38,8 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import special
 
-from gradcomp.block_format import BlockFormat
 from gradcomp.formats import FPFormat
+from gradcomp.formats.block import BlockFormat
 
 _LN2 = math.log(2.0)
 OUTER_NODES = 16  # quantiles of an outer block's largest value the theory averages over

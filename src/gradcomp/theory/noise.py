@@ -31,7 +31,7 @@ The prediction needs no GEMM:
   noise adds to the energy), at least a tenth of ||g_hat_W||^2.
 
 This module sees formats, numbers and the fit, never a policy: which prediction a policy takes, with which
-of its settings, and the fit's log moments are `gradcomp.noise_monitor.neural_error`'s.
+of its settings, and the fit's log moments are `gradcomp.training.noise_monitor.neural_error`'s.
 """
 
 from __future__ import annotations
@@ -45,8 +45,8 @@ import torch
 from scipy import special
 from torch import Tensor, nn
 
-from gradcomp.block_format import BlockFormat
 from gradcomp.formats import FPFormat
+from gradcomp.formats.block import BlockFormat
 from gradcomp.lognormal import fit_lognormal_float
 from gradcomp.theory.block import BlockLevels, correlated_block_statistics, per_tensor_statistics
 from gradcomp.theory.unbiased import luq_variance, nm_variance, prune_variance

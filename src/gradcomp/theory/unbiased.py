@@ -23,8 +23,8 @@ import numpy as np
 import torch
 from scipy import special
 
+from gradcomp.formats.nm import keep_probabilities
 from gradcomp.lognormal import normalized_threshold_float
-from gradcomp.nm_format import keep_probabilities
 
 
 def _partial(k: int, sigma: float, low: float, high: float) -> float:
@@ -72,7 +72,7 @@ def luq_variance(
 
 
 def nm_keep_probabilities(magnitude: np.ndarray, n: int) -> np.ndarray:
-    """`gradcomp.nm_format.keep_probabilities` (the op's) in float64 numpy, for the quadrature."""
+    """`gradcomp.formats.nm.keep_probabilities` (the op's) in float64 numpy, for the quadrature."""
     return keep_probabilities(torch.from_numpy(magnitude), n).numpy()
 
 

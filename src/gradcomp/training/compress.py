@@ -1,4 +1,4 @@
-"""How each policy compresses a layer's neural gradient: the torch side of `gradcomp.policies`.
+"""How each policy compresses a layer's neural gradient: the torch side of `gradcomp.training.policies`.
 
 `compress(policy, copy, stats)` returns the compressed gradient of one `GradientCopy` (the gradient, the
 random seed, which GEMM's copy it is, the following BatchNorm's output gradient where the attachment knows
@@ -23,9 +23,9 @@ import torch
 from torch import Tensor
 
 from gradcomp._backend import Backend
-from gradcomp.block_format import BlockFormat
 from gradcomp.choices import KERNEL_DTYPES, integer
 from gradcomp.formats import FPFormat
+from gradcomp.formats.block import BlockFormat
 from gradcomp.lognormal import cosine_threshold, expected_sparsity, fit_lognormal, truncation_k
 from gradcomp.ops import (
     gaussian_threshold,
@@ -48,9 +48,19 @@ from gradcomp.ops.stats import (
     fit_statistics,
     log2_scale,
 )
-from gradcomp.policies import NM, Block, Chain, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 from gradcomp.rng import resolve_seed
 from gradcomp.theory import fp as fp_theory
+from gradcomp.training.policies import (
+    NM,
+    Block,
+    Chain,
+    FloatingPoint,
+    Integer,
+    Luq,
+    NoCompression,
+    Policy,
+    Prune,
+)
 
 _LN2 = math.log(2.0)
 CHAIN_SEED_STRIDE = 7919  # member k of a chain draws its random bits from seed + k * CHAIN_SEED_STRIDE

@@ -34,11 +34,8 @@ import torch.distributed as dist
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from gradcomp.compress import GradientCopy, LayerStats, block_layout
-from gradcomp.config import CompressionConfig
 from gradcomp.ops._blocks import as_blocks
 from gradcomp.ops.stats import log_moments
-from gradcomp.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 from gradcomp.theory import noise as noise_theory
 from gradcomp.theory.noise import (
     GradientFit,
@@ -49,6 +46,9 @@ from gradcomp.theory.noise import (
     rows_and_groups,
     weight_noise,
 )
+from gradcomp.training.compress import GradientCopy, LayerStats, block_layout
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.policies import NM, Block, FloatingPoint, Integer, Luq, NoCompression, Policy, Prune
 
 MEASURABLE = (nn.Linear, nn.modules.conv._ConvNd)  # layers whose weight gradient is a GEMM with their input
 # the predictions of the noise a layer's weight gradient takes, each carried through its input's energy:

@@ -9,7 +9,7 @@ import timm
 import torch
 from torch import nn
 
-from gradcomp.config import STEMS, ConfigError, check_model_name
+from gradcomp.training.config import STEMS, ConfigError, check_model_name
 
 # stem name -> (kernel, stride) of the replacement first convolution ("model" keeps the model's own)
 _STEM_CONV = {"3x3": (3, 1), "3x3s2": (3, 2)}

@@ -1,7 +1,7 @@
 """The datasets gradcomp trains on: every fact about each one, in one registry that imports no torch.
 
-`gradcomp.data` reads these facts to load and normalise the images; the training config checks names and
-takes each dataset's training defaults from here; parsing the workflow (which must not import torch) sizes
+`gradcomp.training.data` reads these facts to load and normalise the images; the training config checks names
+and takes each dataset's training defaults from here; parsing the workflow (which must not import torch) sizes
 training jobs from the split sizes; reports name the data by `title`.
 """
 
@@ -14,7 +14,7 @@ from typing import Any
 
 @dataclass(frozen=True)
 class Dataset:
-    """One dataset. `storage` says how `gradcomp.data` reads it: "idx" (the MNIST file format, from
+    """One dataset. `storage` says how `gradcomp.training.data` reads it: "idx" (the MNIST file format, from
     `system_dir` unless a data_dir is given), "cifar" (torchvision's python batches under data_dir),
     "image-folder" (data_dir/train and data_dir/val, one subfolder per class, streamed) or "generated"
     (synthetic images made in memory). mean / std: per channel, of the training images scaled to [0, 1]."""

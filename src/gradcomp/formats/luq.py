@@ -1,5 +1,5 @@
 """LUQ's levels: what `gradcomp.ops.quantize_luq` and its Triton kernel (`gradcomp.kernels.luq`) agree on,
-without torch (as `gradcomp.block_format` is for block formats). The callers read the numbers these take
+without torch (as `gradcomp.formats.block` is for block formats). The callers read the numbers these take
 from their dtypes."""
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """MVUE N:M's keep probabilities: what `gradcomp.ops.nm_prune`, its Triton kernel (`gradcomp.kernels.nm`)
 and the theory (`gradcomp.theory.unbiased.nm_variance`, which integrates them in float64) agree on, below all
-three (as `gradcomp.block_format` is for block formats; unlike it, this module imports torch, as the
+three (as `gradcomp.formats.block` is for block formats; unlike it, this module imports torch, as the
 probabilities are computed on tensors). The kernel takes `SHRINK` and `shrink_from` from here."""
 
 from __future__ import annotations

@@ -18,7 +18,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils import parametrize
 
-from gradcomp.attachment import select_layers
+from gradcomp.training.attachment import select_layers
 
 
 def _straight_through(x: Tensor, quantized: Tensor) -> Tensor:

@@ -11,15 +11,16 @@ seed, ends exactly where an uninterrupted run ends, also after a kill -9. A fold
 checkpoint or summary is refused unless `resume` or `overwrite` (delete those files, then start) says what to
 do with it, so that a rerun never silently replaces results.
 
-Several processes (`torchrun --nproc_per_node=N`, see `gradcomp.distributed`): DistributedDataParallel, and
-`batch_size` is the global batch, split evenly over the ranks (each takes a disjoint shard of every batch of
-the epoch's order), so the number of steps and the learning-rate schedule do not depend on N. Rank 0 alone
-writes files and shows progress; checkpoints hold every rank's random state and compression statistics, so a
-resumed run (same N) ends where an uninterrupted one ends. Loss, accuracy, skipped steps and test figures are
-over all ranks. Compression is per rank: each rank fits its statistics (mu, sigma, threshold, scale) to its
-own gradients and draws its own random bits; the reported sparsity is rank 0's unless `reduce_statistics`
-sums the counts of all ranks, and the fitted statistics reported are always rank 0's. The precision guard's
-switches are shared (`gradcomp.noise_monitor`): every rank compresses the same layers.
+Several processes (`torchrun --nproc_per_node=N`, see `gradcomp.training.distributed`):
+DistributedDataParallel, and `batch_size` is the global batch, split evenly over the ranks (each takes a
+disjoint shard of every batch of the epoch's order), so the number of steps and the learning-rate schedule do
+not depend on N. Rank 0 alone writes files and shows progress; checkpoints hold every rank's random state and
+compression statistics, so a resumed run (same N) ends where an uninterrupted one ends. Loss, accuracy,
+skipped steps and test figures are over all ranks. Compression is per rank: each rank fits its statistics (mu,
+sigma, threshold, scale) to its own gradients and draws its own random bits; the reported sparsity is rank 0's
+unless `reduce_statistics` sums the counts of all ranks, and the fitted statistics reported are always rank
+0's. The precision guard's switches are shared (`gradcomp.training.noise_monitor`): every rank compresses
+the same layers.
 
 Non-finite gradients: a step whose loss or gradient norm is NaN/Inf (on any rank) is skipped (no optimizer
 update, buffers such as BatchNorm running statistics restored), counted in the metrics, and training stops
@@ -49,15 +50,15 @@ import yaml
 from torch import nn
 from tqdm import tqdm
 
-from gradcomp.attachment import Attachment, attach, select_layers
-from gradcomp.config import ConfigError, TrainConfig
-from gradcomp.data import ImageFolderSet, ImageSet, load_split
-from gradcomp.datasets import DATASETS
-from gradcomp.distributed import ALONE, Processes, setup
-from gradcomp.models import check_model, create_model
-from gradcomp.policies import NoCompression
-from gradcomp.probe import Probe, ProbeConfig
-from gradcomp.qat import quantize_forward
+from gradcomp.training.attachment import Attachment, attach, select_layers
+from gradcomp.training.config import ConfigError, TrainConfig
+from gradcomp.training.data import ImageFolderSet, ImageSet, load_split
+from gradcomp.training.datasets import DATASETS
+from gradcomp.training.distributed import ALONE, Processes, setup
+from gradcomp.training.models import check_model, create_model
+from gradcomp.training.policies import NoCompression
+from gradcomp.training.probe import Probe, ProbeConfig
+from gradcomp.training.qat import quantize_forward
 
 CHECKPOINT = "checkpoint.pt"
 # what a run writes into its folder: `overwrite` deletes these (and nothing else there) before starting

@@ -46,7 +46,8 @@ from torch import Tensor, nn
 
 from gradcomp import choices
 from gradcomp._backend import Backend
-from gradcomp.compress import (
+from gradcomp.rng import mix32, resolve_seed
+from gradcomp.training.compress import (
     GradientCopy,
     LayerStats,
     check_dtype,
@@ -54,10 +55,9 @@ from gradcomp.compress import (
     pair_compressor,
     plan,
 )
-from gradcomp.config import CompressionConfig
-from gradcomp.noise_monitor import NoiseMonitor, monitorable
-from gradcomp.policies import Chain, Policy
-from gradcomp.rng import mix32, resolve_seed
+from gradcomp.training.config import CompressionConfig
+from gradcomp.training.noise_monitor import NoiseMonitor, monitorable
+from gradcomp.training.policies import Chain, Policy
 
 LAYER_TYPES: dict[str, tuple[type[nn.Module], ...]] = {
     "conv": (nn.Conv1d, nn.Conv2d, nn.Conv3d),
@@ -435,7 +435,7 @@ class Attachment:
 
     def noise_ratios(self) -> list[dict]:
         """One row per (noise step, layer): the predicted and measured noise ratio of the layer's weight
-        gradient and their parts (`gradcomp.noise_monitor`); empty without noise_every."""
+        gradient and their parts (`gradcomp.training.noise_monitor`); empty without noise_every."""
         if self.noise is None:
             return []
         self._record_noise()

@@ -3,8 +3,8 @@
 A policy is a small frozen dataclass, registered by name and built from a string ``NAME[:key=value,...]``
 (chains joined by ``+``), e.g. ``prune:sparsity=0.85,estimator=gaussian+fp:format=e4m1``, or from a YAML
 mapping ``{name: prune, sparsity: 0.85}`` (a list of mappings for a chain). It says *what*;
-`gradcomp.compress` says *how* (the torch ops it runs), and `gradcomp.attachment` *where*. This module imports
-no torch, so configs are validated (e.g. while Snakemake parses the workflow) without it.
+`gradcomp.training.compress` says *how* (the torch ops it runs), and `gradcomp.training.attachment` *where*.
+This module imports no torch, so configs are validated (e.g. while Snakemake parses the workflow) without it.
 
 Policies describe themselves for analyses and figures: `label` (a short name), `family` (the group a figure
 legend puts it in) and `bits_per_element` (what the compressed gradient takes in storage), so that no caller
@@ -21,8 +21,6 @@ from typing import Any, ClassVar
 
 import yaml
 
-from gradcomp.block_format import PRESETS as BLOCK_PRESETS
-from gradcomp.block_format import BlockFormat
 from gradcomp.choices import (
     ESTIMATORS,
     FITS,
@@ -41,6 +39,8 @@ from gradcomp.choices import (
     typed,
 )
 from gradcomp.formats import FPFormat, parse_format
+from gradcomp.formats.block import PRESETS as BLOCK_PRESETS
+from gradcomp.formats.block import BlockFormat
 
 POLICIES: dict[str, type[Policy]] = {}
 FLOAT32_BITS = 32
@@ -94,7 +94,7 @@ class Policy:
     @property
     def reports(self) -> tuple[str, ...]:
         """The statistics of a layer's last refresh that `Attachment.layer_summary` reports (names of
-        `gradcomp.compress.LayerStats.report`)."""
+        `gradcomp.training.compress.LayerStats.report`)."""
         return ()
 
     @property
@@ -546,7 +546,7 @@ class BlockCopy:
 @dataclass(frozen=True)
 class Block(Policy):
     """Block-scaled floating-point gradients (OCP MX, NVFP4; `gradcomp.ops.quantize_block`): blocks of `block`
-    consecutive elements share a scale of format `scale` (`gradcomp.block_format`), optionally after a random
+    consecutive elements share a scale of format `scale` (`gradcomp.formats.block`), optionally after a random
     Hadamard transform of `hadamard` elements (0: none) whose signs are drawn as `signs` says (`SIGN_MODES`:
     anew at every call, once per step, once for the run, or none), with nearest or stochastic rounding; the
     weight-gradient copy takes `weight_rounding`, `weight_hadamard` and `weight_signs` where they are given
@@ -557,7 +557,7 @@ class Block(Policy):
     spatial positions), every other axis flattened. The presets ``mxfp8``, ``mxfp6``, ``mxfp4`` and ``nvfp4``
     are names for their formats (parameters may follow: ``mxfp4:rounding=stochastic,hadamard=32``). The scale
     rule defaults to ``floor`` (OCP MX 1.0) with nearest and ``ceil`` with stochastic rounding, which is
-    unbiased only where nothing saturates (`gradcomp.block_format.check_rule`). Acts by default on every
+    unbiased only where nothing saturates (`gradcomp.formats.block.check_rule`). Acts by default on every
     convolution and linear layer, as the recipes quantize every GEMM."""
 
     element: str = "e4m3fn"

@@ -1,5 +1,5 @@
-"""Loading the datasets of the registry (`gradcomp.datasets`, which holds what each one is): Fashion-MNIST
-(offline, the default), CIFAR-10/100 and ImageNet from user paths, synthetic images.
+"""Loading the datasets of the registry (`gradcomp.training.datasets`, which holds what each one is):
+Fashion-MNIST (offline, the default), CIFAR-10/100 and ImageNet from user paths, synthetic images.
 
 Small datasets are held in memory as uint8 tensors and batched here: the order of each epoch and every
 augmentation draw come from generators seeded by (seed, epoch, batch), so a run resumed in the middle of an
@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from torch import Tensor
 
-from gradcomp.datasets import DATASETS, Dataset, lookup
+from gradcomp.training.datasets import DATASETS, Dataset, lookup
 
 FASHION_MNIST = DATASETS["fashion-mnist"]
 FASHION_MNIST_SYSTEM_DIR = FASHION_MNIST.system_dir  # the Debian package's folder
@@ -324,7 +324,7 @@ def load_image_folder(
     return ImageFolderSet(info, folder, train, workers, subset_per_class)
 
 
-# how each kind of storage (gradcomp.datasets.Dataset.storage) is read into memory
+# how each kind of storage (gradcomp.training.datasets.Dataset.storage) is read into memory
 _READERS: dict[str, Callable[[Dataset, Path | None, bool], ImageSet]] = {
     "idx": lambda info, data_dir, train: load_fashion_mnist(data_dir, train),
     "cifar": load_cifar,
@@ -343,9 +343,9 @@ def _read(name: str, data_dir: Path | None, train: bool) -> ImageSet:
 def load_split(
     name: str, data_dir: str | Path | None, train: bool, subset_per_class: int | None = None, workers: int = 4
 ) -> ImageSet | ImageFolderSet:
-    """One split of a dataset of the registry (gradcomp.datasets): in memory, or streamed from an image
-    folder (ImageNet). A missing dataset raises DatasetNotFound saying where it was looked for and how to
-    get it."""
+    """One split of a dataset of the registry (gradcomp.training.datasets): in memory, or streamed from an
+    image folder (ImageNet). A missing dataset raises DatasetNotFound saying where it was looked for and how
+    to get it."""
     info = lookup(name)
     data_dir = Path(data_dir) if data_dir else None
     if info.storage == "image-folder":

@@ -36,8 +36,8 @@ from gradcomp.choices import (
     positive,
     typed,
 )
-from gradcomp.datasets import DATASETS, lookup
-from gradcomp.policies import Chain, NoCompression, Policy, parse_policy
+from gradcomp.training.datasets import DATASETS, lookup
+from gradcomp.training.policies import Chain, NoCompression, Policy, parse_policy
 
 
 class ConfigError(ValueError):
@@ -59,9 +59,9 @@ class CompressionConfig:
     compression during the first `warmup_steps` steps (the reference code prunes after half an epoch: a fit
     from the first steps of a new network describes a longer refresh interval poorly).
 
-    Noise ratio (`gradcomp.noise_monitor`): every `noise_every` steps each compressed convolution and linear
-    layer predicts R = ||g_W|| / ||noise in g_W|| without a GEMM (one host sync per such step), and with
-    `measure_noise` also measures it (two extra weight-gradient GEMMs per layer on those steps). With
+    Noise ratio (`gradcomp.training.noise_monitor`): every `noise_every` steps each compressed convolution and
+    linear layer predicts R = ||g_W|| / ||noise in g_W|| without a GEMM (one host sync per such step), and
+    with `measure_noise` also measures it (two extra weight-gradient GEMMs per layer on those steps). With
     `guard` (e.g. 1.732, FP4 All the Way's sqrt(3)), a layer whose R stays below it at `guard_patience`
     consecutive noise steps compresses with `fallback` (a policy, default exact gradients) for the rest of
     training; with `switch_step`, every layer does from that step on (a fixed late switch of the backward
