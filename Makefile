@@ -8,7 +8,7 @@ export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
 FASHION_MNIST := /usr/share/datasets/fashion-mnist
 
-.PHONY: run test lint bench data clean-venv
+.PHONY: run test test-fast lint bench data clean-venv
 
 $(STAMP): requirements.txt pyproject.toml
 	test -x $(PYTHON) || python3 -m venv $(VENV)
@@ -29,10 +29,19 @@ data:
 		echo "note: could not install dataset-fashion-mnist; gradcomp will try torchvision's download"
 
 # TRITON_INTERPRET must be in the environment before Python starts: it is read when triton.language is
-# first imported (torchvision and timm import it), and it lets the Triton kernels run on CPU tensors. The 30
+# first imported (torchvision and timm import it), and it lets the Triton kernels run on CPU tensors. One
+# pytest-xdist worker per core, each test file on one worker (its module fixtures built once); the 30
 # slowest tests are listed at the end (where the suite's time goes).
+PYTEST := TRITON_INTERPRET=1 $(PYTHON) -m pytest -q -n auto --dist loadfile --durations=30
 test: $(STAMP) data lint
-	TRITON_INTERPRET=1 $(PYTHON) -m pytest -q --durations=30 tests
+	$(PYTEST) tests
+
+# The inner loop: the ops (both backends, the bad-input matrix, the oracles) and the format and policy
+# specifications, about a minute on two cores.
+FAST_TESTS := bad_inputs block calibration formats fp_oracle fp_quant int_quant layering luq_nm policies \
+	properties_int_prune prune rng special
+test-fast: $(STAMP)
+	$(PYTEST) $(FAST_TESTS:%=tests/test_%.py)
 
 lint: $(STAMP)
 	$(VENV)/bin/ruff check src tests benchmarks

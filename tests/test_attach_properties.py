@@ -18,7 +18,7 @@ import warnings
 import pytest
 import torch
 from helpers import hooks_and_wrappers
-from hypothesis import event, given, settings
+from hypothesis import event, example, given, settings
 from hypothesis import strategies as st
 from timm.models.vision_transformer import Block
 from torch import nn
@@ -219,6 +219,12 @@ def _one_thread():
 
 
 @settings(max_examples=400, deadline=None, database=None, derandomize=True)
+@example(  # no gradient reaches the only layer, so it never switches (found under another import order)
+    kind="vit",
+    frozen=0,
+    keys={"policy": "prune:sparsity=0.8", "warmup_steps": 1, "switch_step": 1, "fallback": "none"},
+    loop={"micro_batches": 1, "updates": 2, "reattach_after": None},
+)
 @given(
     kind=st.sampled_from(["conv", "depthwise", "linear", "vit"]),
     frozen=st.none() | st.integers(0, 5),
@@ -275,7 +281,10 @@ def _check_records(handle, config: CompressionConfig, records: list, seen: dict,
     names = list(layers)
     kept = names[len(names) - config.keep_last :] if config.keep_last else []
     assert all(switched.get(name) == 0 for name in kept)
-    if config.switch_step is not None and steps > config.switch_step:
+    # the steps count backward passes through the attached layers: where no gradient reaches any (a frozen
+    # first layer, the only one selected), the attachment stays at step 0
+    counted = steps if any(any(sizes) for sizes in seen.values()) else 1
+    if config.switch_step is not None and counted > config.switch_step:
         assert set(switched) == set(names) and all(at <= config.switch_step for at in switched.values())
     if config.noise_every is None:
         return

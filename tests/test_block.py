@@ -125,13 +125,8 @@ def test_the_transforms_signs_come_from_the_seed_their_own_seed_or_nowhere():
         assert torch.allclose(quantize(1, fmt, sign_seed), expected, atol=1e-6), (fmt, sign_seed)
     with pytest.raises(ValueError, match="signs"):
         BlockFormat("e2m1fn", hadamard=32, signs="run")
-    with pytest.raises(TypeError, match="seed must be an integer"):
-        quantize_block(x, signed, sign_seed="run")
     with pytest.raises(ValueError, match="give hadamard"):  # signs of no transform
         BlockFormat("e2m1fn", signs=False)
-    for fmt in (unsigned, BlockFormat("e2m1fn")):  # a sign_seed where no random signs are drawn
-        with pytest.raises(ValueError, match="sign_seed"):
-            quantize_block(x, fmt, sign_seed=9)
 
 
 def _same_on_both_backends(x: torch.Tensor, fmt: BlockFormat, **call) -> None:
@@ -551,9 +546,8 @@ def test_stochastic_rounding_is_unbiased(rule):
     assert bool((error <= 5 * (variance / len(draws)).sqrt() + 1e-12).all())
 
 
-def test_bad_arguments_are_refused():
-    """A format's settings are refused where it is built, a call's by quantize_block."""
-    x = torch.ones(4, 32)
+def test_bad_format_settings_are_refused():
+    """A format's settings are refused where it is built (quantize_block's own: tests/test_bad_inputs.py)."""
     for kwargs, match in (({"block_size": 24}, "power of two"), ({"scale": "e5m2"}, "scale"),
                           ({"rule": "round"}, "rule"), ({"hadamard": 64}, "divide"),
                           ({"rounding": "up"}, "rounding"),
@@ -562,12 +556,6 @@ def test_bad_arguments_are_refused():
                           ({"rule": "round"}, "reciprocal")):  # fmt: skip
         with pytest.raises(ValueError, match=match):
             BlockFormat(**{"element": "e4m3fn", **kwargs})
-    with pytest.raises(ValueError, match="axis"):
-        quantize_block(x, BlockFormat("e4m3fn"), axis=2)
-    with pytest.raises(ValueError, match="preset"):
-        quantize_block(x, "e4m3fn")  # a string names a preset, not an element
-    with pytest.raises(TypeError, match="float32"):
-        quantize_block(x.double(), BlockFormat("e4m3fn"))
 
 
 # --- the Hadamard transform ---------------------------------------------------------------------------------
@@ -594,11 +582,6 @@ def test_hadamard_kernel_matches_the_torch_path(kernel_device, dtype):
             expected = inverse(x, 32, axis=0, seed=seed, backend="torch")
             got = inverse(x.to(kernel_device), 32, axis=0, seed=seed, backend="triton").cpu()
             assert torch.equal(_bits(got), _bits(expected))
-
-
-def test_hadamard_refuses_lengths_that_do_not_divide():
-    with pytest.raises(ValueError, match="multiple"):
-        hadamard(torch.ones(3, 20), 16)
 
 
 # --- policies -----------------------------------------------------------------------------------------------
@@ -1001,12 +984,6 @@ def test_outer_blocks_are_grouped_by_line_without_padding_the_axis():
     assert torch.equal(quantize_block(x, fmt, seed=5), expected)
 
 
-def test_block_errors_refuses_an_empty_tensor():
-    """Its shares are of the tensor's elements: an empty one has none (a clear error, not NaN)."""
-    with pytest.raises(ValueError, match="empty"):
-        block_errors(torch.zeros(0, 32), BlockFormat("e2m1fn", 16, "e4m3fn", "floor", outer=128))
-
-
 @pytest.mark.parametrize("preset", ["mxfp4", "mxfp6", "mxfp8"])
 def test_c2s_per_layer_prediction_is_that_of_the_tensor_below_its_largest_value(preset):
     """The per-layer comparator's scale is set from the tensor's largest value, so its prediction takes the
@@ -1165,20 +1142,14 @@ def test_zero_dimensional_tensors_are_one_element(kernel_device):
     out = _both(quantize_block, x, kernel_device, BlockFormat("e2m1fn"))
     assert out.shape == () and out.item() == -3.0
     assert nm_prune(torch.tensor(2.0), 1, 2, seed=0).item() == 2.0
-    with pytest.raises(ValueError, match="multiple of 32"):
-        hadamard(torch.tensor(1.0))
 
 
-def test_axes_are_ints_numpy_ints_taken():
+def test_numpy_int_axes_are_taken():
     x = lognormal_gradient((4, 32), specials=False)
     assert torch.equal(
         quantize_block(x, BlockFormat("e2m1fn"), axis=np.int64(1)),
         quantize_block(x, BlockFormat("e2m1fn"), axis=1),
     )
-    for op in (lambda: quantize_block(x, BlockFormat("e2m1fn"), axis=1.0), lambda: hadamard(x, axis=1.0),
-               lambda: nm_prune(x, axis=1.0, seed=0)):  # fmt: skip
-        with pytest.raises(TypeError, match="axis must be an int"):
-            op()
 
 
 @pytest.mark.parametrize(("name", "dtype"), [("e5m2", "float8_e5m2"), ("E4M3", "float8_e4m3")])

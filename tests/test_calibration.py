@@ -90,17 +90,6 @@ def test_calibrate_is_a_flag_of_the_lognormal_threshold(spec, match):
         parse_policy(spec)
 
 
-def test_calibration_needs_a_target_and_its_tensors_on_the_device():
-    x = torch.randn(100)
-    counter = torch.zeros((), dtype=torch.int64)
-    good = Calibration(torch.zeros((), dtype=torch.float64), counter, counter.clone(), 0, torch.ones(()))
-    with pytest.raises(ValueError, match="needs a sparsity"):
-        fit_statistics(x, calibration=good)
-    bad = Calibration(torch.zeros(()), counter, counter.clone(), 0, torch.ones(()))  # float32 correction
-    with pytest.raises(ValueError, match=r"calibration\.correction"):
-        fit_statistics(x, sparsity=0.5, calibration=bad)
-
-
 def test_the_zeros_pruning_can_reach_are_counted_on_both_backends(kernel_device):
     x = _heavy_tailed(3)
     mask = (torch.rand(x.shape, generator=torch.Generator().manual_seed(1)) < 0.6).float()

@@ -200,15 +200,6 @@ def test_dtypes_and_non_contiguous(dtype):
     assert same_bits(out, quantize_int(x.t().contiguous(), 5, "bhq", seed=2))
 
 
-def test_bad_arguments():
-    with pytest.raises(ValueError, match="bits"):
-        quantize_int(torch.ones(3), 0)
-    with pytest.raises(ValueError, match="bits"):
-        quantize_int(torch.ones(3), 4.0)
-    with pytest.raises(ValueError, match="scheme"):
-        quantize_int(torch.ones(3), 4, "rowwise")
-
-
 @pytest.mark.parametrize("scheme", SCHEMES)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.float16])
 def test_triton_kernels_are_bit_exact(kernel_device, scheme, dtype):
@@ -321,8 +312,3 @@ def test_inputs_that_require_grad_are_detached():
         out = quantize_int(x, 4, scheme, seed=0)
         assert not out.requires_grad
         assert same_bits(out, quantize_int(x.detach(), 4, scheme, seed=0))
-
-
-def test_bits_must_be_a_plain_integer():
-    with pytest.raises(ValueError, match="bits"):
-        quantize_int(torch.ones(3), True)

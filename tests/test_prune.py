@@ -39,14 +39,9 @@ def test_pruning_is_unbiased():
     assert torch.all((out.double().mean(0) - values.double()).abs() < bound)
 
 
-def test_alpha_zero_prunes_nothing_and_bad_alpha_is_rejected():
+def test_alpha_zero_prunes_nothing():
     x = lognormal_gradient(100, sigma=1.0)
     assert same_bits(stochastic_prune(x, 0.0, seed=1), x)
-    for bad in (-1.0, math.nan, math.inf):
-        with pytest.raises(ValueError, match="alpha"):
-            stochastic_prune(x, bad)
-    with pytest.raises(ValueError, match="one-element"):
-        stochastic_prune(x, torch.ones(2))
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float64])
@@ -99,14 +94,6 @@ def test_thresholds_ignore_non_finite_values_and_handle_empty_input():
     pruned = stochastic_prune(poisoned, lognormal_threshold(poisoned, 0.8), seed=0)
     assert ((pruned == 0).double().mean() - 0.8).abs() < 0.01
     assert torch.isnan(pruned[:10]).sum() == 4 and torch.isinf(pruned[:10]).sum() == 6
-
-
-def test_thresholds_reject_bad_sparsity():
-    g = signed_lognormal(100, 1.0)
-    for estimator in (lognormal_threshold, gaussian_threshold, laplace_threshold, topk_threshold):
-        for bad in (-0.1, 1.0, 1.5):
-            with pytest.raises(ValueError, match="sparsity"):
-                estimator(g, bad)
 
 
 def test_topk_threshold_is_exact_on_the_tensor():
@@ -224,29 +211,6 @@ def test_float64_alpha_keeps_float64_precision():
         assert 0.4 < (out == 0).double().mean() < 0.6
         mean_error = ((out - x) / scale).mean().abs()
         assert mean_error < 5 * math.sqrt(0.25 / x.numel())
-
-
-@pytest.mark.parametrize(
-    ("alpha", "dtype", "match"),
-    [
-        (1e5, torch.float16, "largest torch.float16"),
-        (1e39, torch.float32, "largest torch.float32"),
-        (3.4e38, torch.bfloat16, "largest torch.bfloat16"),
-        (10**400, torch.float64, "finite"),
-        (1e-33, torch.float32, "below 2\\^24"),
-        (1e-33, torch.bfloat16, "below 2\\^24"),
-        (1e-302, torch.float64, "below 2\\^24"),
-    ],
-)
-def test_number_alpha_outside_what_the_dtype_resolves_is_rejected(alpha, dtype, match):
-    with pytest.raises(ValueError, match=match):
-        stochastic_prune(torch.ones(4, dtype=dtype), alpha)
-
-
-def test_alpha_of_a_wrong_type_is_rejected():
-    for bad in ("0.5", True, None):
-        with pytest.raises(TypeError, match="alpha"):
-            stochastic_prune(torch.ones(4), bad)
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.float32, torch.float64])

@@ -488,6 +488,7 @@ def block_errors(
     format sees (after the transform) that become zero, the share beyond the largest element value times
     their block's scale (clipped), and sum (out - x)^2 / sum x^2. The shares count the elements x has (not
     a trailing block's padding)."""
+    x = check_kernel_dtype(check_float(x, "block_errors"), "block_errors")
     if x.numel() == 0:
         raise ValueError("block_errors measures shares of a tensor's elements: x is empty")
     blocks = torch_blocks(lines_in_place(x.detach(), axis)[0], fmt)

@@ -28,7 +28,7 @@ from torch import Tensor
 from gradcomp._backend import KERNEL_DTYPES, Backend, check_float, use_triton
 from gradcomp.formats.block import check_transform_size, prescale_shift, transform_norm
 from gradcomp.ops._blocks import as_blocks, check_axis
-from gradcomp.rng import SIGN_COUNTER, random_bits
+from gradcomp.rng import SIGN_COUNTER, random_bits, resolve_seed
 
 
 def hadamard(
@@ -50,6 +50,7 @@ def hadamard_inverse(
 
 def _transform(x: Tensor, size: int, axis: int, seed: int | None, backend: Backend, inverse: bool) -> Tensor:
     x = check_kernel_dtype(check_float(x, "hadamard"), "hadamard")
+    seed = None if seed is None else resolve_seed(seed)  # None: no signs (not a fresh seed)
     check_transform_size(size)
     axis = check_axis(x, axis)
     length = x.shape[axis] if x.dim() else 1  # a 0-d tensor: one element
