@@ -45,27 +45,38 @@ def machine(device: str | None = None) -> str:
     return described + (f"; {device}" if device else "")
 
 
-def commit() -> str:
-    """The checked-out commit, "+changes" where the working tree differs from it (outside the records)."""
+def commit(repository: Path = HERE) -> str:
+    """The commit checked out in `repository` (default: this one), "+changes" where the working tree differs
+    from it (outside the records and the figures, which measurements write)."""
 
     def git(*args: str) -> str:
-        return subprocess.run(["git", *args], cwd=HERE, capture_output=True, text=True, check=True).stdout
+        return subprocess.run(
+            ["git", *args], cwd=repository, capture_output=True, text=True, check=True
+        ).stdout
 
     head = git("rev-parse", "--short", "HEAD").strip()
     changed = [
-        line for line in git("status", "--porcelain").splitlines() if "benchmarks/records/" not in line
+        line
+        for line in git("status", "--porcelain").splitlines()
+        if not line[3:].startswith(("benchmarks/records/", "figures/"))
     ]
     return head + ("+changes" if changed else "")
 
 
 def save(
-    benchmark: str, rows: list[dict], settings: dict, device: str | None = None, records: Path = RECORDS
+    benchmark: str,
+    rows: list[dict],
+    settings: dict,
+    device: str | None = None,
+    records: Path = RECORDS,
+    repository: Path = HERE,
 ) -> Path:
-    """Write one run's table as a record of `benchmark` (under `records`); returns its path."""
+    """Write one run's table as a record of `benchmark` (under `records`), measured on the code checked out
+    in `repository` (default: this one); returns its path."""
     if not rows:
         raise ValueError(f"{benchmark}: a record needs at least one row")
     now = datetime.datetime.now()
-    stamp = {"date": now.date().isoformat(), "machine": machine(device), "commit": commit()}
+    stamp = {"date": now.date().isoformat(), "machine": machine(device), "commit": commit(repository)}
     folder = records / benchmark
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{now:%Y-%m-%d-%H%M%S%f}-{stamp['commit']}.json"  # oldest first by name

@@ -3,6 +3,7 @@ record comes back as table rows with its date, machine and commit."""
 
 import importlib.util
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -32,3 +33,24 @@ def test_a_saved_record_becomes_rows_with_date_machine_and_commit(tmp_path):
     assert records.generated(section, tmp_path) == section.replace("old\n", records.table("demo", tmp_path))
     with pytest.raises(ValueError, match="at least one row"):
         records.save("demo", [], {}, records=tmp_path)
+
+
+def test_the_pipeline_jobs_are_summed_by_rule_with_the_longest_named(tmp_path):
+    spec = importlib.util.spec_from_file_location("pipeline_jobs", BENCHMARKS / "pipeline_jobs.py")
+    sys.modules.setdefault("records", records)  # the script imports its neighbour
+    jobs = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(jobs)
+    folder = tmp_path / "results" / "demo" / "benchmarks"
+    folder.mkdir(parents=True)
+    header = "s\th:m:s\tmax_rss\tmax_vms\tmax_uss\tmax_pss\tio_in\tio_out\tmean_load\tcpu_time\n"
+    for name, seconds in (("train_baseline", 300.5), ("train_deit", 490.0), ("compute_C2_block", 177.2)):
+        (folder / f"{name}.tsv").write_text(header + f"{seconds}\t0:05:00\t812.3\t0\t0\t0\t0\t0\t95\t290\n")
+    rows = jobs.summary(jobs.jobs(folder.parent))
+    assert [(row["rule"], row["jobs"], row["sum (s of one core)"]) for row in rows] == [
+        ("train", 2, 790),
+        ("compute", 1, 177),
+    ]
+    assert rows[0]["longest jobs (s)"] == "deit 490, baseline 300"
+    (folder / "draw_A1.tsv").write_text(header)
+    with pytest.raises(ValueError, match="not a benchmark file"):
+        jobs.jobs(folder.parent)
