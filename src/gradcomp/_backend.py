@@ -66,6 +66,13 @@ def use_triton(x: Tensor, backend: Backend) -> bool:
     return True
 
 
+def check_tensor(x: object, op: str) -> Tensor:
+    """x, after checking that it is a tensor (of any dtype)."""
+    if not isinstance(x, Tensor):
+        raise TypeError(f"{op}: expected a torch.Tensor, got {type(x).__name__}")
+    return x
+
+
 def check_float(x: Tensor, op: str) -> Tensor:
     """x detached, after checking that it is a floating-point tensor.
 
@@ -73,9 +80,7 @@ def check_float(x: Tensor, op: str) -> Tensor:
     compute on x.detach() and return tensors that do not require grad, whether or not x does; a gradient
     through them is the caller's choice (e.g. a straight-through autograd.Function).
     """
-    if not isinstance(x, Tensor):
-        raise TypeError(f"{op}: expected a torch.Tensor, got {type(x).__name__}")
-    if not x.is_floating_point():
+    if not check_tensor(x, op).is_floating_point():
         raise TypeError(f"{op}: expected a floating-point tensor, got {x.dtype}")
     return x.detach()
 

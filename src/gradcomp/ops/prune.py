@@ -21,6 +21,7 @@ from gradcomp._backend import (
     Backend,
     CpuCompiled,
     check_float,
+    check_tensor,
     compute_layout,
     constant_over,
     triton_available,
@@ -204,10 +205,7 @@ def lognormal_threshold_from_moments(
     (float64); numel an int or a tensor that broadcasts to the leading shape. On CUDA one kernel launch
     (`lognormal_threshold`'s solve, equal to the torch path within 1e-6), no host sync."""
     _check_sparsity(sparsity)
-    if not isinstance(moments, Tensor):
-        raise TypeError(
-            f"lognormal_threshold_from_moments: expected a torch.Tensor, got {type(moments).__name__}"
-        )
+    check_tensor(moments, "lognormal_threshold_from_moments")
     if moments.dtype != torch.float64 or moments.dim() == 0 or moments.shape[-1] != 4:
         raise ValueError(
             f"moments must be float64 [..., 4] from log_moments, got {moments.dtype} {tuple(moments.shape)}"
