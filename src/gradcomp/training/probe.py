@@ -88,8 +88,12 @@ class Probe:
     def record(self, name: str, kind: str, tensor: Tensor) -> None:
         values = tensor.detach().flatten().to(torch.float64).cpu()
         finite = torch.isfinite(values)
-        nonzero = finite & (values != 0)
-        kept = values[nonzero]
+        count_finite = int(torch.count_nonzero(finite))
+        # the finite values: all of them in the usual case, without a masked copy (the same reductions
+        # over the same elements in the same order, so the same bits)
+        finite_values = values if count_finite == values.numel() else values[finite]
+        zeros = finite_values.numel() - int(torch.count_nonzero(finite_values))
+        kept = finite_values if zeros == 0 else finite_values[finite_values != 0]
         log2 = torch.log2(kept.abs())
         edges = torch.from_numpy(self.config.edges)
         hist = torch.histc(log2, bins=edges.numel() - 1, min=float(edges[0]), max=float(edges[-1]))
@@ -99,15 +103,15 @@ class Probe:
             "step": self.step,
             "epoch": self.epoch,
             "count": values.numel(),
-            "zeros": int((values == 0).sum()),
-            "nonfinite": int((~finite).sum()),
-            "underflow": int((log2 < edges[0]).sum()),
-            "overflow": int((log2 > edges[-1]).sum()),
+            "zeros": zeros,
+            "nonfinite": values.numel() - count_finite,
+            "underflow": int(torch.count_nonzero(log2 < edges[0])),
+            "overflow": int(torch.count_nonzero(log2 > edges[-1])),
             "log2_mean": float(log2.mean()) if kept.numel() else np.nan,
             "log2_std": float(log2.std()) if kept.numel() > 1 else np.nan,
-            "mean": float(values[finite].mean()) if finite.any() else np.nan,
-            "std": float(values[finite].std()) if finite.sum() > 1 else np.nan,
-            "absmax": float(values[finite].abs().max()) if finite.any() else np.nan,
+            "mean": float(finite_values.mean()) if count_finite else np.nan,
+            "std": float(finite_values.std()) if count_finite > 1 else np.nan,
+            "absmax": float(finite_values.abs().max()) if count_finite else np.nan,
             "hist": hist.to(torch.int64).numpy(),
             "samples": self._reservoir(kept),
         }
