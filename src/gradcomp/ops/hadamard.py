@@ -111,10 +111,11 @@ def butterfly(values: Tensor, dim: int = -1) -> Tensor:
     spare = torch.empty_like(columns)
     half = 1
     while half < size:  # stage: the sums and differences of the positions `half` apart
-        shape = (size // (2 * half), 2, half, -1)
-        pairs, into = columns.view(shape), spare.view(shape)
-        torch.add(pairs[:, 0], pairs[:, 1], out=into[:, 0])
-        torch.sub(pairs[:, 0], pairs[:, 1], out=into[:, 1])
+        shape = (size // (2 * half), 2, -1)  # (pair groups, first or second, half x transforms)
+        first, second = columns.view(shape).unbind(1)
+        sums, differences = spare.view(shape).unbind(1)
+        torch.add(first, second, out=sums)
+        torch.sub(first, second, out=differences)
         columns, spare = spare, columns
         half *= 2
     out = torch.empty(values.shape, dtype=values.dtype, device=values.device)
