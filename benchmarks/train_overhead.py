@@ -21,7 +21,7 @@ GRADCOMP_COMPILE for each arm's steps).
 The default configuration's model, for the block arms:
 
     python benchmarks/train_overhead.py --arms block --batch-size 64 --stem 3x3s2 \
-        --model-kwargs '{channels: [16, 32, 64, 128]}'
+        --model-kwargs '{channels: [16, 32, 64, 128]}' --channels-last
 """
 
 from __future__ import annotations
