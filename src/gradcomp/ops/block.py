@@ -491,7 +491,7 @@ def block_errors(
     x = check_kernel_dtype(check_float(x, "block_errors"), "block_errors")
     if x.numel() == 0:
         raise ValueError("block_errors measures shares of a tensor's elements: x is empty")
-    blocks = torch_blocks(lines_in_place(x.detach(), axis)[0], fmt)
+    blocks = torch_blocks(lines_in_place(x, axis)[0], fmt)  # x detached by check_float
     random_signs = fmt.hadamard and fmt.signs
     parts = _quantize_seeded(
         blocks, fmt, seed, (seed if sign_seed is None else sign_seed) if random_signs else None
