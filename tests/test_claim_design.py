@@ -51,8 +51,9 @@ def test_the_default_claims_table_cites_the_convergence_sweep():
 
 def test_a_config_whose_design_cannot_decide_a_claim_is_refused_before_running():
     config = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
-    config["runs"]["prune_85"]["seeds"] = [0]
-    with pytest.raises(ValueError, match=r"experiments\.A8\.claim: run prune_85 is trained with 1 seed"):
+    config["runs"]["short_prune_85"]["seeds"] = [0]
+    refused = r"experiments\.A8\.claim: run short_prune_85 is trained with 1 seed"
+    with pytest.raises(ValueError, match=refused):
         check_config(config)
     config = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())
     config["experiments"]["B3"]["seeds"] = [0]

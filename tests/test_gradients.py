@@ -20,7 +20,7 @@ from gradcomp.analysis.statquant import unbiasedness, variance_vs_bits
 from gradcomp.experiments import Unbiasedness, VarianceVsBits
 from gradcomp.ops.int_quant import AffineMap, BlockHouseholder, quantize_int
 from gradcomp.training.config import resolve_config
-from gradcomp.training.qat import quantize_forward
+from gradcomp.training.qat import quantize_activation, quantize_forward
 from gradcomp.training.train import train
 
 
@@ -188,3 +188,22 @@ def test_unbiased_quantizers_approach_the_qat_gradient(qat_runs):
     errors = {(row["policy"], row["draws"]): row["relative_error_mean"] for row in result.rows()}
     for scheme in ("ptq", "psq", "bhq"):
         assert errors[scheme, 4] < errors[scheme, 1]
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("shape", [(64, 16, 14, 14), (3, 5), (1,)])
+def test_qat_activation_quantizer_is_the_digest_formula_bit_for_bit(bits, shape):
+    """z = min - 1e-8, s = B / (max - min + 2e-8), round((x - z) s) / s + z, and a gradient of exactly one
+    (the straight-through estimator), for signed, non-negative and constant inputs."""
+    torch.manual_seed(bits)
+    levels = 2**bits - 1
+    for x in (torch.randn(shape) * 1e-3, torch.relu(torch.randn(shape)) * 50, torch.full(shape, 0.25)):
+        x.requires_grad_(True)
+        out = quantize_activation(x, bits)
+        with torch.no_grad():
+            low = x.min() - 1e-8
+            scale = levels / (x.max() - x.min() + 2e-8)
+            expected = x + ((torch.round((x - low) * scale) / scale + low) - x)
+        assert torch.equal(out, expected)
+        (grad,) = torch.autograd.grad(out.sum(), x)
+        assert torch.equal(grad, torch.ones_like(x))

@@ -89,7 +89,7 @@ def test_a_bad_config_stops_snakemake_with_the_message(tmp_path):
 
 def test_run_specs_merge_shared_and_own_keys_and_the_seed():
     config = default_config()
-    assert run_spec(config, "fp_e4m1", 0)["policy"] == "fp:format=e4m1"
+    assert run_spec(config, "short_fp_e4m1", 0)["policy"] == "fp:format=e4m1"
     assert run_spec(config, "qat8", 2)["forward_bits"] == 8 and run_spec(config, "qat8", 2)["seed"] == 2
     assert run_spec(config, "qat8", 0)["model"] == config["train"]["model"]
     config["runs"]["qat8"]["seeds"] = [5, 6]
@@ -121,15 +121,15 @@ def test_training_jobs_pack_every_pair_once_in_config_order_up_to_job_steps():
 def test_what_each_experiment_reads():
     config = default_config()
     assert list(experiment_reads(config, "X1")) == [
-        "baseline",
-        *(run for run in config["runs"] if run != "baseline"),
+        "short_baseline",
+        *(run for run in config["runs"] if run != "short_baseline"),
     ]
     assert experiment_reads(config, "A1")["short_baseline"] == config["seeds"]  # every seed by default
     assert experiment_reads(config, "A3") == {"baseline": [0, 1, 2]}  # the seeds its setting names
     config["experiments"]["B1"]["seeds"] = [1]
     assert experiment_reads(config, "B1") == {"qat8": [1]}
     assert experiment_reads(config, "A4") == {}
-    assert experiment_reads(config, "A5")["baseline"] == seeds(config, "baseline")
+    assert experiment_reads(config, "A5")["short_baseline"] == seeds(config, "short_baseline")
 
 
 def test_parsing_the_workflow_imports_neither_torch_nor_matplotlib():

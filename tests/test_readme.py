@@ -159,7 +159,7 @@ def _documented_decimals() -> dict[str, bool]:
     runs = yaml.safe_load((ROOT / "config" / "default.yaml").read_text())["runs"]
     environment = (ROOT / "environment.yml").read_text()
     return {
-        "0.85": Prune().sparsity == 0.85 and parse_policy(runs["prune_85"]["policy"]).sparsity == 0.85,
+        "0.85": Prune().sparsity == 0.85 and parse_policy(runs["short_prune_85"]["policy"]).sparsity == 0.85,
         "3.11": "python=3.11" in environment
         and 'requires-python = ">=3.11"' in (ROOT / "pyproject.toml").read_text(),
     }

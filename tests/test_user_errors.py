@@ -164,6 +164,7 @@ def test_a_command_line_error_exits_with_status_2():
         ["run", "--job", '[{"run": "a", "seed": 0, "out": "a", "spec": {"device": "cuda"}}]'],
         ["compute", "Z9", "--out-dir", "out"],
         ["compute", "A1", "--out-dir", "out", "--runs", "a=folder"],
+        ["compute", "A4", "--out-dir", "out", "--threads", "0"],
         ["draw"],
     ],
     ids=" ".join,
@@ -346,9 +347,9 @@ def test_compute_refuses_runs_its_settings_do_not_get_in_one_line_before_computi
 
 def test_a_pipeline_config_naming_a_run_of_the_wrong_policy_is_refused_at_parse_time():
     config = default_config()
-    config["experiments"]["A5"]["runs"].append("prune_85")
+    config["experiments"]["A5"]["runs"].append("short_prune_85")
     with pytest.raises(
-        ValueError, match=r"^config key experiments.A5.runs: run 'prune_85' trains policy prune"
+        ValueError, match=r"^config key experiments.A5.runs: run 'short_prune_85' trains policy prune"
     ):
         check_config(config)
 

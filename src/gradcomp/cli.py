@@ -219,10 +219,12 @@ def _check_runs(experiment: Any, settings: Any, groups: dict) -> None:
 
 def _compute(args: argparse.Namespace) -> None:
     import numpy as np
+    import torch
 
     from gradcomp.analysis.tables import write_result
 
     experiment = _experiment(args.id)
+    torch.set_num_threads(args.threads)
     try:
         section = json.loads(Path(args.settings).read_text()) if args.settings else {}
         settings = experiment.params.from_config(section, f"experiments.{args.id}")
@@ -428,6 +430,13 @@ def _run_folder(item: str) -> tuple[str, int, Path]:
     return run, int(seed), Path(folder)
 
 
+def _positive_int(text: str) -> int:
+    """A positive integer argument."""
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
+    return int(text)
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse, whose mistakes are one line too (not its usage and the verb's name first)."""
 
@@ -486,6 +495,13 @@ def build_parser() -> argparse.ArgumentParser:
         "--runs", nargs="*", default=[], type=_run_folder, help="RUN:SEED=FOLDER of finished training runs"
     )
     compute.add_argument("--out-dir", required=True)
+    compute.add_argument(
+        "--threads",
+        type=_positive_int,
+        default=1,
+        help="torch's intra-op threads (default 1, as training runs: a reduction split over threads sums in "
+        "another order, so the numbers would depend on the machine's cores)",
+    )
     compute.set_defaults(run=_compute)
 
     draw = verbs.add_parser(

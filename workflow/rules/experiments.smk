@@ -61,7 +61,7 @@ rule compute:
         compile=int(config["cpu_compile"]),
     shell:
         "GRADCOMP_COMPILE={params.compile} python -m gradcomp compute {wildcards.exp} --settings {input.settings} "
-        "--runs {params.runs} --out-dir {params.folder} > {log} 2>&1"
+        "--runs {params.runs} --out-dir {params.folder} --threads {threads} > {log} 2>&1"
 
 
 rule draw:

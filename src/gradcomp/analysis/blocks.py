@@ -112,9 +112,9 @@ def _predicted(fmt: BlockFormat, mu2: float, sigma2: float, hadamard: bool, nume
     return block_statistics(fmt, sigma2, "nearest", hadamard, numel, nodes=1024, mu2=mu2)
 
 
-def _levels(g: torch.Tensor, fmt: BlockFormat, axis: int) -> BlockLevels | None:
-    """The layer's block levels in the format's blocks, rounded (`BlockLevels.rounded`)."""
-    levels = BlockLevels.of(as_blocks(g.detach(), fmt.block_size, axis)[0])
+def _levels(g: torch.Tensor, block_size: int, axis: int) -> BlockLevels | None:
+    """The layer's block levels in blocks of `block_size` along `axis`, rounded (`BlockLevels.rounded`)."""
+    levels = BlockLevels.of(as_blocks(g.detach(), block_size, axis)[0])
     return None if levels is None else levels.rounded()
 
 
@@ -181,6 +181,7 @@ def family_errors(settings: BlockTheory | ScaleFormats, group: RunGroup, arms: d
                     continue
                 mu2, sigma2, nonzero = fit
                 energy = float(g.double().square().sum())
+                levels_by_block: dict[tuple[int, int], BlockLevels | None] = {}  # the arms share blocks
                 for name, policy in arms.items():
                     fmt = dataclasses.replace(policy.format, rounding="nearest")  # C2 measures nearest
                     hadamard = fmt.hadamard
@@ -188,7 +189,10 @@ def family_errors(settings: BlockTheory | ScaleFormats, group: RunGroup, arms: d
                     measured = block_errors(g, fmt, axis=block_axis)
                     predicted = _predicted(fmt, *_rounded(mu2, sigma2), bool(hadamard), g.numel())
                     _accumulate(totals[name], measured, predicted, nonzero, g.numel(), energy)
-                    levels = _levels(g, fmt, block_axis)
+                    block = (fmt.block_size, block_axis)
+                    if block not in levels_by_block:
+                        levels_by_block[block] = _levels(g, fmt.block_size, block_axis)
+                    levels = levels_by_block[block]
                     correlated = (
                         predicted
                         if levels is None

@@ -72,11 +72,18 @@ class _Lognormal:
 
     def partial(self, k: int, low: np.ndarray, high: np.ndarray) -> np.ndarray:
         """E[x^k; low <= x < high]."""
+        return self.moments(low, high, k + 1)[k]
+
+    def moments(self, low: np.ndarray, high: np.ndarray, count: int = 3) -> list[np.ndarray]:
+        """E[x^k; low <= x < high] for k = 0 .. count - 1 (the logarithms computed once for all k)."""
         with np.errstate(divide="ignore"):
             z_low = (np.log(low) - self.m) / self.s
             z_high = (np.log(high) - self.m) / self.s
-        mass = special.ndtr(z_high - k * self.s) - special.ndtr(z_low - k * self.s)
-        return np.exp(k * self.m + k * k * self.s**2 / 2) * np.maximum(mass, 0.0)
+        moments = []
+        for k in range(count):
+            mass = special.ndtr(z_high - k * self.s) - special.ndtr(z_low - k * self.s)
+            moments.append(np.exp(k * self.m + k * k * self.s**2 / 2) * np.maximum(mass, 0.0))
+        return moments
 
 
 class _HalfNormal:
@@ -94,17 +101,35 @@ class _HalfNormal:
     def second_moment(self) -> float:
         return self.tau**2
 
-    def partial(self, k: int, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    def moments(self, low: np.ndarray, high: np.ndarray, count: int = 3) -> list[np.ndarray]:
+        """E[x^k; low <= x < high] for k = 0 .. count - 1."""
         a, b = low / self.tau, high / self.tau
         finite_b = np.where(np.isinf(b), 0.0, b)
         density_a = np.exp(-a * a / 2) / math.sqrt(2 * math.pi)
         density_b = np.where(np.isinf(b), 0.0, np.exp(-finite_b * finite_b / 2) / math.sqrt(2 * math.pi))
         mass = special.ndtr(b) - special.ndtr(a)
-        if k == 0:
-            return 2 * mass
-        if k == 1:
-            return 2 * self.tau * (density_a - density_b)
-        return 2 * self.tau**2 * np.maximum(mass - (finite_b * density_b - a * density_a), 0.0)
+        moments = [
+            2 * mass,
+            2 * self.tau * (density_a - density_b),
+            2 * self.tau**2 * np.maximum(mass - (finite_b * density_b - a * density_a), 0.0),
+        ]
+        return moments[:count]
+
+
+@functools.lru_cache(maxsize=64)
+def _positive(fmt: FPFormat) -> np.ndarray:
+    """The format's positive finite values (float64, sorted; read-only: shared by every call)."""
+    values = fmt.positive_values().numpy()
+    values.flags.writeable = False
+    return values
+
+
+@functools.lru_cache(maxsize=64)
+def _grid(fmt: FPFormat) -> np.ndarray:
+    """0 and the format's positive finite values: the points a magnitude is rounded to (read-only)."""
+    values = np.concatenate([[0.0], _positive(fmt)])
+    values.flags.writeable = False
+    return values
 
 
 def _cells(distribution, scale: np.ndarray, points: np.ndarray, upper: np.ndarray, stochastic: bool):
@@ -112,26 +137,28 @@ def _cells(distribution, scale: np.ndarray, points: np.ndarray, upper: np.ndarra
     `points` (0 first, max_value last); arrays over the leading axis of scale and upper (one per node)."""
     scale, upper = scale[:, None], upper[:, None]
 
-    def partial(k: int, low: np.ndarray, high: np.ndarray) -> np.ndarray:
+    def partials(low: np.ndarray, high: np.ndarray, count: int = 3) -> list[np.ndarray]:
         high = np.minimum(high, upper)
-        return np.where(high > low, distribution.partial(k, low, np.maximum(high, low)), 0.0)
+        inside = high > low
+        moments = distribution.moments(low, np.maximum(high, low), count)
+        return [np.where(inside, moment, 0.0) for moment in moments]
 
     top = points[-1] * scale
-    clipped = [partial(j, top, np.full_like(top, np.inf)) for j in range(3)]
+    clipped = partials(top, np.full_like(top, np.inf))
     clip_error = clipped[2] - 2 * top * clipped[1] + top * top * clipped[0]
     if stochastic:
         low, high = points[None, :-1] * scale, points[None, 1:] * scale
-        moments = [partial(j, low, high) for j in range(3)]
+        moments = partials(low, high)
         error = -moments[2] + (low + high) * moments[1] - low * high * moments[0]
         first = points[1] * scale[:, 0]
-        below = [partial(j, np.zeros_like(top), first[:, None]) for j in range(2)]
+        below = partials(np.zeros_like(top), first[:, None], 2)
         flushed = below[0][:, 0] - below[1][:, 0] / first
     else:
         edges = np.concatenate([[0.0], (points[:-1] + points[1:]) / 2, [np.inf]])
         low, high = edges[None, :-1] * scale, edges[None, 1:] * scale
         high = np.where(np.isinf(edges[None, 1:]), top, high)  # the last cell ends where clipping starts
         value = points[None, :] * scale
-        moments = [partial(j, low, high) for j in range(3)]
+        moments = partials(low, high)
         error = moments[2] - 2 * value * moments[1] + value * value * moments[0]
         flushed = moments[0][:, 0]
     # the sums cancel for very wide lognormals (sigma2 beyond about 10): never below zero
@@ -165,7 +192,7 @@ def _block_scale(fmt: BlockFormat, largest: np.ndarray, tensor_largest: float) -
         ratio = largest / element.max_value / tensor_scale
         reciprocal, constant = fmt.rule == "reciprocal", fmt.reciprocal_constant
         value = np.clip(constant / ratio if reciprocal else ratio, low_scale, high_scale)  # what is rounded
-        grid = fmt.scale_format.positive_values().numpy()
+        grid = _positive(fmt.scale_format)
         index = np.clip(np.searchsorted(grid, value), 1, len(grid) - 1)
         low, high = grid[index - 1], grid[index]
         if fmt.rule == "ceil":  # rounded up: high is the least grid value >= value
@@ -214,7 +241,7 @@ def block_statistics(
     else:  # a block of a level near the tensor's largest value cannot exceed it
         largest = np.minimum(largest, tensor_largest)
     scale = _block_scale(fmt, largest, tensor_largest)
-    points = np.concatenate([[0.0], fmt.element_format.positive_values().numpy()])
+    points = _grid(fmt.element_format)
     stochastic = rounding == "stochastic"
     flushed, clipped, error = _cells(distribution, scale, points, largest, stochastic)
     below = distribution.cdf(largest)  # the mass the other B - 1 are drawn from
@@ -350,7 +377,7 @@ def per_tensor_statistics(
     other numel - 1 drawn below the largest, plus its own term (for few exponent bits and wide lognormals
     the expected error is otherwise carried by the clipping of a tail the tensor does not have)."""
     distribution = _Lognormal(0.0, sigma2)
-    points = np.concatenate([[0.0], element.positive_values().numpy()])
+    points = _grid(element)
     scale = 2.0**-log2_scale
     stochastic = rounding == "stochastic"
     upper = np.array([math.inf if largest is None else largest])

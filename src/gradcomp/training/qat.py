@@ -26,13 +26,16 @@ def _straight_through(x: Tensor, quantized: Tensor) -> Tensor:
 
 
 def quantize_activation(x: Tensor, bits: int) -> Tensor:
-    """Round-to-nearest per-tensor min-max quantize/dequantize with a straight-through gradient."""
+    """Round-to-nearest per-tensor min-max quantize/dequantize with a straight-through gradient: x + (Q(x) -
+    x), the difference held constant. One pass for the range and in-place steps (fresh buffers cost page
+    faults on CPUs); the same operations, so the same values, as `_straight_through`."""
     levels = 2**bits - 1
     with torch.no_grad():
-        low = x.min() - 1e-8
-        scale = levels / (x.max() - x.min() + 2e-8)
-        quantized = torch.round((x - low) * scale) / scale + low
-    return _straight_through(x, quantized)
+        smallest, largest = torch.aminmax(x)
+        low = smallest - 1e-8
+        scale = levels / (largest - smallest + 2e-8)
+        difference = (x - low).mul_(scale).round_().div_(scale).add_(low).sub_(x)
+    return x + difference
 
 
 def quantize_weight(w: Tensor, bits: int) -> Tensor:
