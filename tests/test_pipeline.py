@@ -125,7 +125,7 @@ def test_what_each_experiment_reads():
         *(run for run in config["runs"] if run != "short_baseline"),
     ]
     assert experiment_reads(config, "A1")["short_baseline"] == config["seeds"]  # every seed by default
-    assert experiment_reads(config, "A3") == {"baseline": [0, 1, 2]}  # the seeds its setting names
+    assert experiment_reads(config, "A3") == {"short_baseline": [0, 1, 2]}  # the seeds its setting names
     config["experiments"]["B1"]["seeds"] = [1]
     assert experiment_reads(config, "B1") == {"qat8": [1]}
     assert experiment_reads(config, "A4") == {}

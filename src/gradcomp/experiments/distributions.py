@@ -62,7 +62,8 @@ register(
             Plan(
                 0.0218,
                 2,
-                f"lognormal vs exponential on DeiT (noisiest of 8 deciding) ({PILOT}: default, seeds 0-2)",
+                "lognormal vs exponential on DeiT (noisiest of 8 deciding; on 4x4 patches, the default's "
+                f"DeiT then) ({PILOT}: default, seeds 0-2)",
                 -0.273,
                 "the pilot's smallest decided effect (the same comparison)",
             ),

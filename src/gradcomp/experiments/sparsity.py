@@ -81,8 +81,8 @@ register(
             Plan(
                 0.00123,
                 2,
-                "prune 0.85 analytic vs its attainable sparsity on DeiT (noisiest of 3 deciding) "
-                f"({PILOT}: default, seeds 0-2)",
+                "prune 0.85 analytic vs its attainable sparsity on DeiT (noisiest of 3 deciding; on 4x4 "
+                f"patches, the default's DeiT then) ({PILOT}: default, seeds 0-2)",
                 0.0,
                 "0: the claim is that achieved equals target",
             ),

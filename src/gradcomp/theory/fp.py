@@ -79,15 +79,23 @@ def relative_mse(grid: Grid, sigma: Tensor | float, log2_scale: Tensor | float) 
     return _relative_mse(_points(grid), sigma, log2_scale)
 
 
-def _relative_mse(points: Tensor, sigma: Tensor | float, log2_scale: Tensor | float) -> Tensor:
+def _log_edges(points: Tensor) -> Tensor:
+    """ln of the rounding cells' edges: 0, the midpoints between the points, infinity."""
+    edges = torch.cat([points.new_zeros(1), (points[:-1] + points[1:]) / 2, points.new_full((1,), math.inf)])
+    return torch.log(edges)
+
+
+def _relative_mse(
+    points: Tensor, sigma: Tensor | float, log2_scale: Tensor | float, log_edges: Tensor | None = None
+) -> Tensor:
+    """`relative_mse` on the points; `log_edges`: theirs (`_log_edges`), where a search reuses them."""
     sigma = torch.as_tensor(sigma, dtype=torch.float64)
     log2_scale = torch.as_tensor(log2_scale, dtype=torch.float64)
     if (sigma <= 0).any():
         raise ValueError("sigma must be positive")
-    edges = torch.cat([points.new_zeros(1), (points[:-1] + points[1:]) / 2, points.new_full((1,), math.inf)])
     s = (sigma * _LN2)[..., None]  # natural-log parameters of y = x * scale
     mu = (log2_scale * _LN2)[..., None]
-    log_edges = torch.log(edges)
+    log_edges = _log_edges(points) if log_edges is None else log_edges
     var = s * s
 
     def mass(k: int) -> Tensor:
@@ -115,16 +123,17 @@ def optimal_log2_scale(
     half_width = torch.clamp((log_grid.max() - log_grid.min()) / 2 + 6 * sigma + 4, max=6 * sigma + 6)
     offsets = torch.arange(-1.0, 1.0 + 1e-9, step / float(half_width.max()), dtype=torch.float64)
     candidates = centre[..., None] + offsets * half_width[..., None]
-    mse = _relative_mse(points, sigma[..., None], candidates)
+    log_edges = _log_edges(points)  # the same cells at every scale tried
+    mse = _relative_mse(points, sigma[..., None], candidates, log_edges)
     best = candidates.gather(-1, mse.argmin(-1, keepdim=True)).squeeze(-1)
     spacing = step * half_width / half_width.max()
     lo, hi = best - spacing, best + spacing
     for _ in range(refine):
         a, b = hi - _GOLDEN * (hi - lo), lo + _GOLDEN * (hi - lo)
-        left_better = _relative_mse(points, sigma, a) < _relative_mse(points, sigma, b)
+        left_better = _relative_mse(points, sigma, a, log_edges) < _relative_mse(points, sigma, b, log_edges)
         lo, hi = torch.where(left_better, lo, a), torch.where(left_better, b, hi)
     log2_scale = (lo + hi) / 2
-    return log2_scale, _relative_mse(points, sigma, log2_scale)
+    return log2_scale, _relative_mse(points, sigma, log2_scale, log_edges)
 
 
 def mse_by_exp_bits(total_bits: int, sigma: Tensor | float, kind: GridKind = "ideal") -> dict[int, Tensor]:
