@@ -430,13 +430,6 @@ def _run_folder(item: str) -> tuple[str, int, Path]:
     return run, int(seed), Path(folder)
 
 
-def _positive_int(text: str) -> int:
-    """A positive integer argument."""
-    if not text.isdigit() or int(text) < 1:
-        raise argparse.ArgumentTypeError(f"expected a positive integer, got {text!r}")
-    return int(text)
-
-
 class _Parser(argparse.ArgumentParser):
     """argparse, whose mistakes are one line too (not its usage and the verb's name first)."""
 
@@ -497,7 +490,7 @@ def build_parser() -> argparse.ArgumentParser:
     compute.add_argument("--out-dir", required=True)
     compute.add_argument(
         "--threads",
-        type=_positive_int,
+        type=_checked("--threads", integer, 1),
         default=1,
         help="torch's intra-op threads (default 1, as training runs: a reduction split over threads sums in "
         "another order, so the numbers would depend on the machine's cores)",
