@@ -119,7 +119,7 @@ def fp_formats(record: Record) -> Figure:
         top.set(ylabel="test accuracy", xlim=(-0.6, len(arms) - 0.4))
         top.tick_params(labelbottom=False)
         top.set_title(textwrap.fill(f"{baseline['model']}, {baseline['scale']}", 60), fontsize=8)
-        top.legend(fontsize=8, loc="lower left")
+        top.legend(fontsize=8, loc="best")  # away from the error bars
         drawn = [gaps[row["run"]] for row in arms]
         comparison_points(bottom, drawn, np.arange(len(arms)))
         names = [f"{row['label']}\n{gap.verdict}" for row, gap in zip(arms, drawn, strict=True)]
